@@ -1,0 +1,164 @@
+"""The HTTP/WebSocket server: routes only; the work lives in calls, transports, engines.
+
+Startup serves /healthz at once and loads models in the background; /readyz turns 200
+only when every engine is loaded and warmed, and callers are refused (503 / 1013) until then.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+from contextlib import asynccontextmanager
+from pathlib import Path
+
+from fastapi import FastAPI, Request, WebSocket
+from fastapi.responses import FileResponse, JSONResponse, Response
+from fastapi.staticfiles import StaticFiles
+
+from agent.calls import CallManager
+from agent.config import CadenceConfig
+from agent.errors import BadSignalingError, CapacityError
+from agent.metrics import CadenceMetrics
+from agent.store import CallStore
+from agent.transports.twilio import CLOSE_TRY_LATER, handle_twilio_call
+from agent.transports.webrtc import WebRTCCalls
+from models import registry
+from pipelines.voice import Engines
+
+log = logging.getLogger(__name__)
+
+FRONTEND_DIR = Path(__file__).resolve().parent.parent / "frontend"
+
+
+class Readiness:
+    def __init__(self) -> None:
+        self.ready = asyncio.Event()
+        self.error: str | None = None
+
+
+def create_app(config: CadenceConfig, *, engines: Engines | None = None, engines_loaded: bool = False) -> FastAPI:
+    """`engines` may be passed in already loaded (tests share one set across apps)."""
+    engines = engines or registry.build_engines(config)
+    metrics = CadenceMetrics()
+    store = CallStore(config.store.path)
+    manager = CallManager(config, engines, store, metrics)
+    webrtc = WebRTCCalls(manager, config, metrics)
+    readiness = Readiness()
+    for name, engine in (("asr", engines.asr), ("llm", engines.llm), ("tts", engines.tts)):
+        if hasattr(engine, "queue_depth"):
+            metrics.track_queue_depth(name, lambda e=engine: e.queue_depth)
+
+    async def load_models() -> None:
+        try:
+            if not engines_loaded:
+                await asyncio.to_thread(registry.load_and_warm, engines)
+            readiness.ready.set()
+            log.info("models loaded; ready for calls")
+        except Exception as exc:
+            readiness.error = f"{exc.__class__.__name__}: {exc}"
+            log.exception("model loading failed; the server stays up but not ready")
+
+    @asynccontextmanager
+    async def lifespan(_app: FastAPI):
+        await store.open()
+        loader = asyncio.create_task(load_models(), name="load-models")
+        try:
+            yield
+        finally:
+            loader.cancel()
+            await manager.shutdown()
+            await store.close()
+
+    app = FastAPI(title="Cadence", lifespan=lifespan)
+    app.state.manager, app.state.metrics, app.state.store = manager, metrics, store
+
+    @app.get("/healthz")
+    async def healthz() -> dict:
+        return {"status": "ok"}
+
+    @app.get("/readyz")
+    async def readyz() -> JSONResponse:
+        if readiness.ready.is_set():
+            return JSONResponse({"status": "ready", "calls_active": manager.active_count})
+        status = "failed" if readiness.error else "loading"
+        return JSONResponse({"status": status, "error": readiness.error}, status_code=503)
+
+    @app.post("/api/offer")
+    async def offer(request: Request) -> JSONResponse:
+        if not readiness.ready.is_set():
+            return _error(503, "models are still loading; retry shortly", retryable=True)
+        body = await _bounded_body(request, config.server.max_sdp_bytes)
+        if body is None:
+            return _error(413, f"offer larger than {config.server.max_sdp_bytes} bytes")
+        try:
+            return JSONResponse(await webrtc.answer(body))
+        except BadSignalingError as exc:
+            return _error(400, str(exc))
+        except CapacityError as exc:
+            return _error(503, str(exc), retryable=True)
+
+    @app.patch("/api/offer")
+    async def offer_candidates(request: Request) -> Response:
+        body = await _bounded_body(request, config.server.max_sdp_bytes)
+        if body is None:
+            return _error(413, "candidate batch too large")
+        try:
+            await webrtc.add_candidates(body)
+        except BadSignalingError as exc:
+            return _error(400, str(exc))
+        except LookupError as exc:
+            return _error(404, str(exc))
+        return JSONResponse({"status": "ok"})
+
+    @app.websocket("/ws/twilio")
+    async def twilio(websocket: WebSocket) -> None:
+        if not readiness.ready.is_set():
+            await websocket.accept()
+            await websocket.close(code=CLOSE_TRY_LATER, reason="models are still loading")
+            return
+        await handle_twilio_call(websocket, manager=manager, config=config, metrics=metrics)
+
+    @app.get("/api/calls")
+    async def list_calls(limit: int = 50, offset: int = 0) -> dict:
+        stored = await store.list_calls(limit, offset)
+        for row in stored:
+            row["live"] = manager.live(row["id"]) is not None
+        return {"calls": stored}
+
+    @app.get("/api/calls/{call_id}")
+    async def get_call(call_id: str) -> JSONResponse:
+        live = manager.live(call_id)
+        if live is not None:
+            return JSONResponse(live.snapshot())
+        stored = await store.get_call(call_id)
+        if stored is None:
+            return _error(404, f"no call {call_id}")
+        return JSONResponse({**stored, "live": False})
+
+    @app.get("/metrics")
+    async def prometheus() -> Response:
+        return Response(metrics.render(), media_type="text/plain; version=0.0.4")
+
+    @app.get("/")
+    async def index() -> FileResponse:
+        return FileResponse(FRONTEND_DIR / "index.html")
+
+    app.mount("/static", StaticFiles(directory=FRONTEND_DIR), name="static")
+    return app
+
+
+async def _bounded_body(request: Request, limit: int) -> bytes | None:
+    """Reads at most `limit` bytes; None if the body is larger (no matter what it claims)."""
+    declared = request.headers.get("content-length")
+    if declared is not None and declared.isdigit() and int(declared) > limit:
+        return None
+    body = bytearray()
+    async for chunk in request.stream():
+        body += chunk
+        if len(body) > limit:
+            return None
+    return bytes(body)
+
+
+def _error(status: int, message: str, *, retryable: bool = False) -> JSONResponse:
+    return JSONResponse({"error": message, "retryable": retryable}, status_code=status)

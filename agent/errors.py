@@ -1,0 +1,40 @@
+"""Cadence's exceptions, in one place.
+
+    CadenceError                 base; `retryable` says whether the same request may succeed later
+    ├── ConfigError              the configuration is invalid; fix the YAML or the flags
+    ├── ModelAssetError          weights missing or corrupt (sha256 mismatch); reinstall the package
+    ├── CapacityError            the server is at its admitted call limit; retry later (retryable)
+    └── BadInputError            a caller sent something we cannot accept; the call may go on
+        ├── BadMediaError        audio payload undecodable or of the wrong size
+        └── BadSignalingError    malformed JSON event or SDP
+
+Messages say what went wrong and what to do, and never carry secrets or transcripts.
+"""
+
+
+class CadenceError(Exception):
+    retryable = False
+
+
+class ConfigError(CadenceError):
+    pass
+
+
+class ModelAssetError(CadenceError):
+    pass
+
+
+class CapacityError(CadenceError):
+    retryable = True
+
+
+class BadInputError(CadenceError):
+    pass
+
+
+class BadMediaError(BadInputError):
+    pass
+
+
+class BadSignalingError(BadInputError):
+    pass

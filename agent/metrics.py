@@ -1,0 +1,51 @@
+"""Prometheus metrics, one registry per app (two apps in one process never collide)."""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+
+from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram, generate_latest
+
+from pipelines.turn_timeline import STAGES, Turn
+
+# Seconds from the caller's end of speech; dense below 1.5 s where voice agents live.
+_LATENCY_BUCKETS = (0.1, 0.2, 0.3, 0.4, 0.5, 0.6, 0.7, 0.8, 0.9, 1.0, 1.25, 1.5, 2.0, 2.5, 3.0, 4.0, 6.0, 10.0)
+
+
+class CadenceMetrics:
+    def __init__(self) -> None:
+        self.registry = CollectorRegistry()
+        self.stage_seconds = Histogram(
+            "cadence_stage_seconds", "Time from the caller's end of speech to each pipeline stage",
+            ["stage", "transport"], buckets=_LATENCY_BUCKETS, registry=self.registry,
+        )
+        self.ttfs_seconds = Histogram(
+            "cadence_ttfs_seconds", "Time to first sentence: caller's end of speech to first reply audio sent",
+            ["transport"], buckets=_LATENCY_BUCKETS, registry=self.registry,
+        )
+        self.calls_active = Gauge("cadence_calls_active", "Calls in progress", ["transport"], registry=self.registry)
+        self.calls_total = Counter("cadence_calls_total", "Calls by how they ended", ["transport", "outcome"],
+                                   registry=self.registry)
+        self.calls_refused = Counter("cadence_calls_refused_total", "Calls refused at admission", ["transport", "reason"],
+                                     registry=self.registry)
+        self.bad_input = Counter("cadence_bad_input_total", "Rejected caller input", ["transport", "kind"],
+                                 registry=self.registry)
+        self.turns_total = Counter("cadence_turns_total", "Completed turns", ["transport", "interrupted"],
+                                   registry=self.registry)
+        self.engine_queue_depth = Gauge("cadence_engine_queue_depth", "Requests queued or running per engine",
+                                        ["engine"], registry=self.registry)
+
+    def observe_turn(self, turn: Turn, transport: str) -> None:
+        self.turns_total.labels(transport, str(turn.interrupted).lower()).inc()
+        stage_ms = turn.stage_ms()
+        for stage in STAGES:
+            if stage in stage_ms:
+                self.stage_seconds.labels(stage, transport).observe(stage_ms[stage] / 1000.0)
+        if turn.ttfs_ms is not None:
+            self.ttfs_seconds.labels(transport).observe(turn.ttfs_ms / 1000.0)
+
+    def track_queue_depth(self, engine: str, depth: Callable[[], int]) -> None:
+        self.engine_queue_depth.labels(engine).set_function(depth)
+
+    def render(self) -> bytes:
+        return generate_latest(self.registry)

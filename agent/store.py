@@ -1,0 +1,135 @@
+"""Calls and turns in SQLite (the embedded default store).
+
+sqlite3 is blocking, so `CallStore` runs every statement on one dedicated thread: the
+event loop never waits on disk, and one connection serialises writes without locks.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import sqlite3
+from concurrent.futures import ThreadPoolExecutor
+from pathlib import Path
+from typing import Any
+
+from pipelines.turn_timeline import Turn
+
+_SCHEMA = """
+PRAGMA journal_mode = WAL;
+CREATE TABLE IF NOT EXISTS calls (
+    id TEXT PRIMARY KEY,
+    agent TEXT NOT NULL,
+    transport TEXT NOT NULL,
+    started_at REAL NOT NULL,
+    ended_at REAL,
+    end_reason TEXT
+);
+CREATE TABLE IF NOT EXISTS turns (
+    call_id TEXT NOT NULL REFERENCES calls(id) ON DELETE CASCADE,
+    idx INTEGER NOT NULL,
+    user_text TEXT NOT NULL,
+    reply_text TEXT NOT NULL,
+    interrupted INTEGER NOT NULL,
+    end_of_speech_at REAL,
+    stage_ms TEXT NOT NULL,   -- JSON: stage name -> ms after the caller's end of speech
+    ttfs_ms REAL,
+    PRIMARY KEY (call_id, idx)
+);
+CREATE INDEX IF NOT EXISTS calls_started ON calls(started_at DESC);
+"""
+
+MAX_LIST_LIMIT = 500
+
+
+class CallStore:
+    def __init__(self, path: str) -> None:
+        self._path = path
+        self._executor = ThreadPoolExecutor(max_workers=1, thread_name_prefix="sqlite")
+        self._db: sqlite3.Connection | None = None
+
+    async def open(self) -> None:
+        await self._run(self._open)
+
+    def _open(self) -> None:
+        if self._path != ":memory:":
+            Path(self._path).parent.mkdir(parents=True, exist_ok=True)
+        self._db = sqlite3.connect(self._path, check_same_thread=False)
+        self._db.row_factory = sqlite3.Row
+        self._db.execute("PRAGMA foreign_keys = ON")
+        self._db.executescript(_SCHEMA)
+
+    async def close(self) -> None:
+        if self._db is not None:
+            await self._run(self._db.close)
+            self._db = None
+        self._executor.shutdown(wait=True)
+
+    async def _run(self, fn, *args) -> Any:
+        return await asyncio.get_running_loop().run_in_executor(self._executor, fn, *args)
+
+    async def call_started(self, call_id: str, agent: str, transport: str, at: float) -> None:
+        await self._run(self._write, "INSERT INTO calls (id, agent, transport, started_at) VALUES (?, ?, ?, ?)",
+                        (call_id, agent, transport, at))
+
+    async def call_ended(self, call_id: str, at: float, reason: str) -> None:
+        await self._run(self._write, "UPDATE calls SET ended_at = ?, end_reason = ? WHERE id = ?", (at, reason, call_id))
+
+    async def save_turn(self, call_id: str, turn: Turn) -> None:
+        row = (call_id, turn.index, turn.user_text, turn.reply_text, int(turn.interrupted), turn.end_of_speech_at,
+               json.dumps(turn.stage_ms()), turn.ttfs_ms)
+        await self._run(self._write, "INSERT OR REPLACE INTO turns VALUES (?, ?, ?, ?, ?, ?, ?, ?)", row)
+
+    def _write(self, sql: str, params: tuple) -> None:
+        assert self._db is not None, "CallStore.open() was not awaited"
+        with self._db:
+            self._db.execute(sql, params)
+
+    async def list_calls(self, limit: int = 50, offset: int = 0) -> list[dict[str, Any]]:
+        limit = max(1, min(limit, MAX_LIST_LIMIT))
+        return await self._run(self._list_calls, limit, max(0, offset))
+
+    def _list_calls(self, limit: int, offset: int) -> list[dict[str, Any]]:
+        assert self._db is not None
+        rows = self._db.execute(
+            "SELECT c.*, COUNT(t.idx) AS turns FROM calls c LEFT JOIN turns t ON t.call_id = c.id "
+            "GROUP BY c.id ORDER BY c.started_at DESC LIMIT ? OFFSET ?",
+            (limit, offset),
+        ).fetchall()
+        return [dict(r) for r in rows]
+
+    async def get_call(self, call_id: str) -> dict[str, Any] | None:
+        return await self._run(self._get_call, call_id)
+
+    def _get_call(self, call_id: str) -> dict[str, Any] | None:
+        assert self._db is not None
+        call = self._db.execute("SELECT * FROM calls WHERE id = ?", (call_id,)).fetchone()
+        if call is None:
+            return None
+        turns = self._db.execute("SELECT * FROM turns WHERE call_id = ? ORDER BY idx", (call_id,)).fetchall()
+        return {**dict(call), "turns": [turn_row_to_dict(t) for t in turns]}
+
+
+def turn_row_to_dict(row: sqlite3.Row) -> dict[str, Any]:
+    return {
+        "index": row["idx"],
+        "user_text": row["user_text"],
+        "reply_text": row["reply_text"],
+        "interrupted": bool(row["interrupted"]),
+        "end_of_speech_at": row["end_of_speech_at"],
+        "stage_ms": json.loads(row["stage_ms"]),
+        "ttfs_ms": row["ttfs_ms"],
+    }
+
+
+def turn_to_dict(turn: Turn) -> dict[str, Any]:
+    """The same shape as a stored turn, for turns still in progress."""
+    return {
+        "index": turn.index,
+        "user_text": turn.user_text,
+        "reply_text": turn.reply_text,
+        "interrupted": turn.interrupted,
+        "end_of_speech_at": turn.end_of_speech_at,
+        "stage_ms": turn.stage_ms(),
+        "ttfs_ms": turn.ttfs_ms,
+    }

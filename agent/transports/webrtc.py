@@ -1,0 +1,141 @@
+"""Browser callers over WebRTC (pipecat's SmallWebRTC transport on aiortc).
+
+`POST /api/offer` takes `{"sdp": ..., "type": "offer"}` as pipecat's SmallWebRTC clients
+send it and answers `{"sdp", "type": "answer", "pc_id", "call_id"}`; `PATCH /api/offer`
+takes trickled ICE candidates. ICE servers come from config only: by default none, so
+the server never contacts a public STUN server.
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+from typing import Any
+
+from aiortc import RTCIceServer
+from aiortc.sdp import candidate_from_sdp
+from pipecat.transports.base_transport import TransportParams
+from pipecat.transports.smallwebrtc.connection import SmallWebRTCConnection
+from pipecat.transports.smallwebrtc.transport import SmallWebRTCTransport
+
+from agent.calls import CallManager
+from agent.config import CadenceConfig
+from agent.errors import BadSignalingError
+from agent.metrics import CadenceMetrics
+
+log = logging.getLogger(__name__)
+
+TRANSPORT = "webrtc"
+# Opus runs at 48 kHz; 24 kHz output keeps resampling cheap and speech intact.
+WEBRTC_OUTPUT_SAMPLE_RATE = 24_000
+MAX_CANDIDATES_PER_PATCH = 32
+
+
+def parse_offer(body: bytes, max_bytes: int) -> dict[str, Any]:
+    if len(body) > max_bytes:
+        raise BadSignalingError(f"offer is {len(body)} bytes; the limit is {max_bytes}")
+    try:
+        data = json.loads(body)
+    except (json.JSONDecodeError, UnicodeDecodeError, RecursionError):
+        raise BadSignalingError("offer body must be JSON: {\"sdp\": \"...\", \"type\": \"offer\"}") from None
+    if not isinstance(data, dict):
+        raise BadSignalingError("offer body must be a JSON object")
+    sdp, kind = data.get("sdp"), data.get("type")
+    if kind != "offer":
+        raise BadSignalingError("'type' must be \"offer\"")
+    if not isinstance(sdp, str) or not sdp.startswith("v=0"):
+        raise BadSignalingError("'sdp' must be an SDP offer starting with v=0")
+    if "m=audio" not in sdp:
+        raise BadSignalingError("the offer has no audio media section (m=audio)")
+    pc_id = data.get("pc_id")
+    if pc_id is not None:
+        raise BadSignalingError("renegotiating an existing connection is not supported; send a new offer without pc_id")
+    return {"sdp": sdp, "type": kind}
+
+
+def ice_servers(config: CadenceConfig) -> list[RTCIceServer]:
+    return [RTCIceServer(urls=list(s.urls), username=s.username, credential=s.credential)
+            for s in config.server.ice_servers]
+
+
+class WebRTCCalls:
+    """Creates a call per offer and keeps its connection reachable for ICE trickling."""
+
+    def __init__(self, manager: CallManager, config: CadenceConfig, metrics: CadenceMetrics) -> None:
+        self._manager = manager
+        self._config = config
+        self._metrics = metrics
+        self._connections: dict[str, SmallWebRTCConnection] = {}
+
+    async def answer(self, body: bytes) -> dict[str, Any]:
+        """Raises BadSignalingError (-> 400) or CapacityError (-> 503)."""
+        try:
+            offer = parse_offer(body, self._config.server.max_sdp_bytes)
+        except BadSignalingError:
+            self._metrics.bad_input.labels(TRANSPORT, "offer").inc()
+            raise
+        call = self._manager.admit(TRANSPORT)
+        connection = SmallWebRTCConnection(ice_servers=ice_servers(self._config))
+        try:
+            await connection.initialize(sdp=offer["sdp"], type=offer["type"])
+            answer = connection.get_answer()
+            if answer is None:
+                raise BadSignalingError("could not produce an answer for this offer")
+        except Exception as exc:
+            self._manager.release(call)
+            self._metrics.bad_input.labels(TRANSPORT, "sdp").inc()
+            await _disconnect_quietly(connection)
+            if isinstance(exc, BadSignalingError):
+                raise
+            # aiortc's parser raises many exception types on malformed SDP (see FACTS).
+            raise BadSignalingError(f"malformed SDP offer: {exc.__class__.__name__}") from None
+
+        transport = SmallWebRTCTransport(
+            webrtc_connection=connection,
+            params=TransportParams(audio_in_enabled=True, audio_out_enabled=True),
+        )
+        pc_id = answer["pc_id"]
+        self._connections[pc_id] = connection
+
+        @transport.event_handler("on_client_disconnected")
+        async def _on_disconnected(_transport, _client) -> None:
+            await self._manager.hang_up(call, "caller_hung_up")
+
+        task = self._manager.spawn(call, transport, output_sample_rate=WEBRTC_OUTPUT_SAMPLE_RATE, enable_rtvi=True)
+        task.add_done_callback(lambda _t: self._connections.pop(pc_id, None))
+        return {**answer, "call_id": call.id}
+
+    async def add_candidates(self, body: bytes) -> None:
+        try:
+            data = json.loads(body)
+            pc_id = data["pc_id"]
+            candidates = data["candidates"]
+            if not isinstance(candidates, list) or len(candidates) > MAX_CANDIDATES_PER_PATCH:
+                raise ValueError
+        except (json.JSONDecodeError, UnicodeDecodeError, KeyError, TypeError, ValueError):
+            raise BadSignalingError(
+                f"body must be {{\"pc_id\": ..., \"candidates\": [...]}} with at most {MAX_CANDIDATES_PER_PATCH}"
+            ) from None
+        connection = self._connections.get(pc_id) if isinstance(pc_id, str) else None
+        if connection is None:
+            raise LookupError("no such peer connection")
+        for c in candidates:
+            if not isinstance(c, dict) or not isinstance(c.get("candidate"), str):
+                raise BadSignalingError("each candidate needs a 'candidate' string")
+            if not c["candidate"]:
+                await connection.add_ice_candidate(None)  # end-of-candidates marker
+                continue
+            try:
+                candidate = candidate_from_sdp(c["candidate"].removeprefix("candidate:"))
+            except Exception:
+                raise BadSignalingError("malformed ICE candidate") from None
+            candidate.sdpMid = c.get("sdp_mid", c.get("sdpMid"))
+            candidate.sdpMLineIndex = c.get("sdp_mline_index", c.get("sdpMLineIndex"))
+            await connection.add_ice_candidate(candidate)
+
+
+async def _disconnect_quietly(connection: SmallWebRTCConnection) -> None:
+    try:
+        await connection.disconnect()
+    except Exception:  # a connection that never got going may fail to close; nothing to free
+        log.debug("disconnect of a failed connection raised", exc_info=True)

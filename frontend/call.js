@@ -1,0 +1,90 @@
+// Calls the agent over WebRTC: microphone in, agent audio out, live transcript by polling
+// /api/calls/{id}. ICE servers come from the page's origin config (none by default).
+"use strict";
+
+const callButton = document.getElementById("call");
+const hangupButton = document.getElementById("hangup");
+const statusLabel = document.getElementById("status");
+const remoteAudio = document.getElementById("remote");
+const turnList = document.getElementById("turns");
+
+const TRANSCRIPT_POLL_MS = 700;
+let peer = null;
+let microphone = null;
+let pollTimer = null;
+
+function setStatus(text) { statusLabel.textContent = text; }
+
+function waitForIceGathering(pc) {
+  if (pc.iceGatheringState === "complete") return Promise.resolve();
+  return new Promise((resolve) => {
+    const done = () => { if (pc.iceGatheringState === "complete") { pc.removeEventListener("icegatheringstatechange", done); resolve(); } };
+    pc.addEventListener("icegatheringstatechange", done);
+    setTimeout(resolve, 2000); // host candidates arrive in milliseconds; don't wait forever
+  });
+}
+
+async function startCall() {
+  callButton.disabled = true;
+  setStatus("asking for the microphone…");
+  try {
+    microphone = await navigator.mediaDevices.getUserMedia({ audio: { echoCancellation: true, noiseSuppression: true } });
+    peer = new RTCPeerConnection({ iceServers: [] });
+    peer.addTransceiver(microphone.getAudioTracks()[0], { direction: "sendrecv" });
+    peer.ontrack = (event) => { remoteAudio.srcObject = event.streams[0] || new MediaStream([event.track]); };
+    peer.onconnectionstatechange = () => {
+      setStatus(peer ? peer.connectionState : "idle");
+      if (peer && ["failed", "closed", "disconnected"].includes(peer.connectionState)) hangUp();
+    };
+    await peer.setLocalDescription(await peer.createOffer());
+    await waitForIceGathering(peer);
+    const response = await fetch("/api/offer", {
+      method: "POST",
+      headers: { "Content-Type": "application/json" },
+      body: JSON.stringify({ sdp: peer.localDescription.sdp, type: peer.localDescription.type }),
+    });
+    const answer = await response.json();
+    if (!response.ok) throw new Error(answer.error || `server answered ${response.status}`);
+    await peer.setRemoteDescription({ sdp: answer.sdp, type: answer.type });
+    hangupButton.disabled = false;
+    setStatus("connected — say something");
+    pollTranscript(answer.call_id);
+  } catch (error) {
+    setStatus(`could not call: ${error.message}`);
+    hangUp();
+  }
+}
+
+function pollTranscript(callId) {
+  clearInterval(pollTimer);
+  pollTimer = setInterval(async () => {
+    try {
+      const response = await fetch(`/api/calls/${encodeURIComponent(callId)}`);
+      if (response.ok) renderTurns((await response.json()).turns || []);
+    } catch (_) { /* the next poll retries */ }
+  }, TRANSCRIPT_POLL_MS);
+}
+
+function renderTurns(turns) {
+  turnList.replaceChildren(...turns.map((turn) => {
+    const item = document.createElement("li");
+    const ttfs = turn.ttfs_ms == null ? "" : `<span class="ttfs">first audio ${Math.round(turn.ttfs_ms)} ms</span>`;
+    item.innerHTML = `${ttfs}<div><span class="who">You</span><span class="user"></span></div>` +
+      `<div><span class="who">Agent</span><span class="agent"></span>` +
+      `${turn.interrupted ? ' <span class="interrupted">(interrupted)</span>' : ""}</div>`;
+    item.querySelector(".user").textContent = turn.user_text;   // text, never HTML
+    item.querySelector(".agent").textContent = turn.reply_text;
+    return item;
+  }));
+}
+
+function hangUp() {
+  clearInterval(pollTimer);
+  if (peer) { peer.close(); peer = null; }
+  if (microphone) { microphone.getTracks().forEach((t) => t.stop()); microphone = null; }
+  callButton.disabled = false;
+  hangupButton.disabled = true;
+}
+
+callButton.addEventListener("click", startCall);
+hangupButton.addEventListener("click", () => { hangUp(); setStatus("call ended"); });

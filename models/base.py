@@ -1,0 +1,61 @@
+"""The engine contracts: one small async interface per kind of model.
+
+Pipeline processors talk only to these, so an engine can be an in-process model on
+the CPU today and a batched worker on its own MIG slice tomorrow without the pipeline
+changing. Engines load in `load()` (never at import) and release in `close()`.
+"""
+
+from __future__ import annotations
+
+from abc import ABC, abstractmethod
+from collections.abc import AsyncIterator, Sequence
+from dataclasses import dataclass
+from typing import Any
+
+ChatMessage = dict[str, Any]  # OpenAI-style {"role": ..., "content": ...}
+
+
+@dataclass(frozen=True)
+class Transcript:
+    text: str
+    audio_seconds: float  # duration of the audio that was transcribed
+    compute_seconds: float  # wall time the engine spent on it
+    language: str | None = None
+    # Mean probability that the audio held no speech; high values flag hallucinated text.
+    no_speech_probability: float | None = None
+
+
+class Engine(ABC):
+    """Lifecycle shared by all engines."""
+
+    @abstractmethod
+    def load(self) -> None:
+        """Loads weights. Blocking; call from a thread or at startup before serving."""
+
+    def warm_up(self) -> None:
+        """Runs one tiny inference so the first caller does not pay for lazy init."""
+
+    async def close(self) -> None:
+        """Releases threads and memory. Idempotent."""
+
+
+class ASREngine(Engine):
+    sample_rate: int = 16_000  # input is 16-bit mono PCM at this rate
+
+    @abstractmethod
+    async def transcribe(self, pcm16: bytes, *, prompt: str | None = None) -> Transcript:
+        """Transcribes one utterance. `prompt` is earlier text that conditions the decoder."""
+
+
+class LLMEngine(Engine):
+    @abstractmethod
+    def stream_chat(self, messages: Sequence[ChatMessage], *, max_tokens: int) -> AsyncIterator[str]:
+        """Streams reply text pieces. Closing the iterator early stops generation."""
+
+
+class TTSEngine(Engine):
+    sample_rate: int  # output is 16-bit mono PCM at this rate
+
+    @abstractmethod
+    def synthesize(self, text: str) -> AsyncIterator[bytes]:
+        """Streams PCM chunks for `text`. Closing the iterator early stops synthesis."""

@@ -1,0 +1,71 @@
+"""Piper TTS (ONNX, CPU): the embedded default voice.
+
+piper-tts is GPL-3.0, so it is an optional extra; Cadence imports it only here, only
+when the config selects it. Piper synthesises a sentence at a time; we cut its output
+into short chunks so the transport can start playing before the sentence ends arriving.
+"""
+
+from __future__ import annotations
+
+import logging
+import threading
+from collections.abc import AsyncIterator, Iterator
+
+from agent.config import TTSConfig
+from agent.errors import ModelAssetError
+from models.assets import resolve_local
+from models.base import TTSEngine
+from models.runner import ModelRunner
+
+log = logging.getLogger(__name__)
+
+_BYTES_PER_SAMPLE = 2
+
+
+class PiperTTSEngine(TTSEngine):
+    def __init__(self, config: TTSConfig, *, max_waiting: int = 16) -> None:
+        self._config = config
+        self._voice = None
+        self.sample_rate = 22_050  # replaced by the voice's own rate at load
+        self._runner = ModelRunner("tts", max_waiting=max_waiting)
+
+    @property
+    def queue_depth(self) -> int:
+        return self._runner.depth
+
+    def load(self) -> None:
+        try:
+            from piper import PiperVoice
+        except ImportError as exc:
+            raise ModelAssetError("piper-tts is not installed; pip install 'cadence[piper]'") from exc
+        path = resolve_local(self._config.voice)
+        if path is None or path.suffix != ".onnx":
+            raise ModelAssetError(f"tts.voice {self._config.voice!r} must be a package:<name> or a .onnx path")
+        log.info("loading piper voice %s", path)
+        self._voice = PiperVoice.load(path)
+        self.sample_rate = self._voice.config.sample_rate
+
+    def warm_up(self) -> None:
+        for _ in self._synthesize_blocking("Hello.", threading.Event()):
+            pass
+
+    def synthesize(self, text: str) -> AsyncIterator[bytes]:
+        return self._runner.stream(lambda stop: self._synthesize_blocking(text, stop))
+
+    def _synthesize_blocking(self, text: str, stop: threading.Event) -> Iterator[bytes]:
+        from piper.config import SynthesisConfig
+
+        if self._voice is None:
+            raise RuntimeError("PiperTTSEngine.load() was not called")
+        chunk_bytes = int(self.sample_rate * self._config.chunk_seconds) * _BYTES_PER_SAMPLE
+        syn_config = SynthesisConfig(length_scale=self._config.length_scale)
+        for sentence_audio in self._voice.synthesize(text, syn_config=syn_config):
+            pcm = sentence_audio.audio_int16_bytes
+            for start in range(0, len(pcm), chunk_bytes):
+                if stop.is_set():
+                    return
+                yield pcm[start : start + chunk_bytes]
+
+    async def close(self) -> None:
+        self._runner.shutdown()
+        self._voice = None

@@ -1,0 +1,102 @@
+"""Running blocking model code off the event loop.
+
+Each engine owns one `ModelRunner`: a single worker thread (models are not re-entrant,
+and on 2 cores more threads only fight over them), with a bound on how many requests
+may wait. Past the bound a request is refused with `CapacityError` at once rather than
+queued behind minutes of work: callers see a clear error instead of a silent stall.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import threading
+from collections.abc import AsyncIterator, Callable, Iterator
+from concurrent.futures import ThreadPoolExecutor
+from typing import TypeVar
+
+from agent.errors import CapacityError
+
+T = TypeVar("T")
+
+_DONE = object()
+
+
+class ModelRunner:
+    def __init__(self, name: str, *, max_waiting: int = 16) -> None:
+        self.name = name
+        self._max_waiting = max_waiting
+        self._executor = ThreadPoolExecutor(max_workers=1, thread_name_prefix=f"model-{name}")
+        self._in_flight = 0  # queued + running; read by metrics
+
+    @property
+    def depth(self) -> int:
+        return self._in_flight
+
+    def _admit(self) -> None:
+        if self._in_flight >= self._max_waiting:
+            raise CapacityError(f"{self.name} engine has {self._in_flight} requests waiting; retry later")
+        self._in_flight += 1
+
+    async def run(self, fn: Callable[[], T]) -> T:
+        self._admit()
+        try:
+            return await asyncio.get_running_loop().run_in_executor(self._executor, fn)
+        finally:
+            self._in_flight -= 1
+
+    async def stream(self, make_iterator: Callable[[threading.Event], Iterator[T]], *, buffer: int = 64) -> AsyncIterator[T]:
+        """Runs a blocking generator on the model thread and yields its items here.
+
+        The generator receives a `threading.Event` that is set when the consumer stops
+        early (barge-in, hang-up); it must check it between steps. Items pass through a
+        bounded queue: if the consumer falls `buffer` items behind, the producer waits.
+        """
+        self._admit()
+        loop = asyncio.get_running_loop()
+        queue: asyncio.Queue[object] = asyncio.Queue(maxsize=buffer)
+        stop = threading.Event()
+
+        def put(item: object) -> None:
+            # Block the model thread (not the loop) while the queue is full.
+            future = asyncio.run_coroutine_threadsafe(queue.put(item), loop)
+            while not stop.is_set():
+                try:
+                    future.result(timeout=0.1)
+                    return
+                except TimeoutError:
+                    continue
+            future.cancel()
+
+        def produce() -> None:
+            try:
+                for item in make_iterator(stop):
+                    if stop.is_set():
+                        break
+                    put(item)
+            except BaseException as exc:  # handed to the consumer, re-raised there
+                put(_Failure(exc))
+            finally:
+                put(_DONE)
+
+        job = loop.run_in_executor(self._executor, produce)
+        try:
+            while True:
+                item = await queue.get()
+                if item is _DONE:
+                    break
+                if isinstance(item, _Failure):
+                    raise item.exc
+                yield item  # type: ignore[misc]
+        finally:
+            stop.set()
+            self._in_flight -= 1
+            # Wait for the thread to notice, so the next request never overlaps this one.
+            await asyncio.shield(job)
+
+    def shutdown(self) -> None:
+        self._executor.shutdown(wait=False, cancel_futures=True)
+
+
+class _Failure:
+    def __init__(self, exc: BaseException) -> None:
+        self.exc = exc

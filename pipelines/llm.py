@@ -1,0 +1,75 @@
+"""The LLM as a pipecat service over our `LLMEngine`.
+
+On an `LLMContextFrame` it streams the reply as `LLMTextFrame`s. A barge-in cancels the
+frame task; closing the engine's stream then stops generation on the model thread.
+"""
+
+from __future__ import annotations
+
+from pipecat.frames.frames import Frame, LLMContextFrame, LLMFullResponseEndFrame, LLMFullResponseStartFrame
+from pipecat.processors.aggregators.llm_context import LLMContext
+from pipecat.processors.frame_processor import FrameDirection
+from pipecat.services.llm_service import LLMService
+from pipecat.services.settings import LLMSettings
+
+from agent.errors import CadenceError
+from models.base import ChatMessage, LLMEngine
+
+
+def prompt_window(messages: list[ChatMessage], max_history: int) -> list[ChatMessage]:
+    """System messages plus the last `max_history` others: bounds prompt cost on long calls."""
+    system = [m for m in messages if m.get("role") == "system"]
+    dialogue = [m for m in messages if m.get("role") in ("user", "assistant") and isinstance(m.get("content"), str)]
+    return system + dialogue[-max_history:]
+
+
+class EngineLLMService(LLMService):
+    def __init__(self, engine: LLMEngine, *, max_reply_tokens: int, max_history_messages: int, **kwargs) -> None:
+        super().__init__(
+            settings=LLMSettings(
+                model=None,
+                system_instruction=None,
+                temperature=None,
+                max_tokens=max_reply_tokens,
+                top_p=None,
+                top_k=None,
+                frequency_penalty=None,
+                presence_penalty=None,
+                seed=None,
+                filter_incomplete_user_turns=False,
+                user_turn_completion_config=None,
+            ),
+            **kwargs,
+        )
+        self._engine = engine
+        self._max_reply_tokens = max_reply_tokens
+        self._max_history = max_history_messages
+
+    def can_generate_metrics(self) -> bool:
+        return True
+
+    async def process_frame(self, frame: Frame, direction: FrameDirection) -> None:
+        await super().process_frame(frame, direction)
+        if not isinstance(frame, LLMContextFrame):
+            await self.push_frame(frame, direction)
+            return
+        await self.push_frame(LLMFullResponseStartFrame())
+        await self.start_processing_metrics()
+        try:
+            await self._generate(frame.context)
+        except CadenceError as exc:
+            await self.push_error(error_msg=f"LLM unavailable: {exc}", exception=exc)
+        finally:
+            await self.stop_processing_metrics()
+            await self.push_frame(LLMFullResponseEndFrame())
+
+    async def _generate(self, context: LLMContext) -> None:
+        messages = prompt_window(list(context.get_messages()), self._max_history)
+        await self.start_ttfb_metrics()
+        pieces = self._engine.stream_chat(messages, max_tokens=self._max_reply_tokens)
+        try:
+            async for piece in pieces:
+                await self.stop_ttfb_metrics()
+                await self._push_llm_text(piece)
+        finally:
+            await pieces.aclose()

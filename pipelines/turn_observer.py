@@ -1,0 +1,75 @@
+"""Watches a call's frames and feeds the `TurnTimeline` (frame vocabulary -> turn events).
+
+Frames are pushed once per hop; each is counted once (`first_push`), and only from the
+processor that produces it, so a frame seen at five hops is one event.
+"""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Callable
+
+from pipecat.frames.frames import (
+    BotStartedSpeakingFrame,
+    BotStoppedSpeakingFrame,
+    InterruptionFrame,
+    LLMFullResponseEndFrame,
+    LLMTextFrame,
+    TranscriptionFrame,
+    TTSAudioRawFrame,
+    TTSStartedFrame,
+    TTSTextFrame,
+    VADUserStoppedSpeakingFrame,
+)
+from pipecat.observers.base_observer import BaseObserver, FramePushed
+from pipecat.processors.frame_processor import FrameDirection, FrameProcessor
+
+from pipelines.turn_timeline import Turn, TurnTimeline
+
+
+class TurnObserver(BaseObserver):
+    def __init__(
+        self,
+        *,
+        output_transport: FrameProcessor,
+        on_turn_closed: Callable[[Turn], None],
+        clock: Callable[[], float] = time.time,
+    ) -> None:
+        super().__init__()
+        self._output = output_transport
+        self._clock = clock
+        self.timeline = TurnTimeline(on_closed=on_turn_closed)
+
+    async def on_push_frame(self, data: FramePushed) -> None:
+        frame = data.frame
+        if isinstance(frame, VADUserStoppedSpeakingFrame):
+            # The VAD decides `stop_secs` after the last voiced audio; the caller's turn
+            # ended then, and that is where TTFS starts.
+            if data.first_push:
+                self.timeline.user_stopped_speaking(frame.timestamp - frame.stop_secs)
+            return
+        if not data.first_push and not (data.source is self._output and data.direction == FrameDirection.DOWNSTREAM):
+            return
+        now = self._clock()
+        if isinstance(frame, TranscriptionFrame):
+            self.timeline.transcript(frame.text, now)
+        elif isinstance(frame, LLMTextFrame) and not isinstance(frame, TTSTextFrame):
+            self.timeline.stage("llm_first_token", now)
+        elif isinstance(frame, LLMFullResponseEndFrame):
+            self.timeline.reply_generated()
+        elif isinstance(frame, TTSStartedFrame):
+            self.timeline.stage("first_sentence", now)
+        elif isinstance(frame, TTSAudioRawFrame):
+            self.timeline.stage("tts_first_audio", now)
+        elif isinstance(frame, BotStartedSpeakingFrame) and data.source is self._output:
+            self.timeline.bot_started_speaking(now)
+        elif isinstance(frame, TTSTextFrame) and data.source is self._output:
+            # The output transport passes text on as its audio goes out: what was said.
+            self.timeline.spoken_text(frame.text)
+        elif isinstance(frame, BotStoppedSpeakingFrame) and data.source is self._output:
+            self.timeline.bot_stopped_speaking(now)
+        elif isinstance(frame, InterruptionFrame):
+            self.timeline.interrupted(now)
+
+    def finish(self) -> None:
+        self.timeline.finish(self._clock())

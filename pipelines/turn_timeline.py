@@ -1,0 +1,127 @@
+"""Per-turn stage timestamps and TTFS, as plain data (no pipecat, no I/O).
+
+TTFS (time to first sentence) is measured as the caller hears it: from the last voiced
+audio of the caller's turn (not the VAD's later stop decision) to the first reply audio
+handed to the caller's connection.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from dataclasses import dataclass, field
+
+# Stage names in pipeline order; each is a timestamp (seconds, wall clock) on a turn.
+STAGES = (
+    "asr_final",  # final transcript of the caller's turn
+    "llm_first_token",  # first text piece from the LLM
+    "first_sentence",  # first complete sentence handed to TTS
+    "tts_first_audio",  # first audio chunk out of TTS
+    "first_audio_sent",  # first reply audio written to the caller's transport
+)
+
+
+@dataclass
+class Turn:
+    index: int
+    end_of_speech_at: float | None = None  # the caller's last voiced audio
+    stage_at: dict[str, float] = field(default_factory=dict)
+    user_text: str = ""
+    reply_text: str = ""  # only what was actually sent to the caller
+    interrupted: bool = False
+    completed_at: float | None = None
+
+    def stage_ms(self) -> dict[str, float]:
+        """Milliseconds from the caller's end of speech to each stage reached."""
+        if self.end_of_speech_at is None:
+            return {}
+        return {name: round((at - self.end_of_speech_at) * 1000.0, 1) for name, at in self.stage_at.items()}
+
+    @property
+    def ttfs_ms(self) -> float | None:
+        return self.stage_ms().get("first_audio_sent")
+
+
+class TurnTimeline:
+    """Assembles turns from pipeline events; the observer translates frames into these calls.
+
+    A turn opens when the caller stops speaking, collects stage times once each, and
+    closes when the reply finishes or is interrupted; `on_turn_closed` gets closed turns.
+    """
+
+    def __init__(self, on_closed: Callable[[Turn], None] = lambda turn: None) -> None:
+        self.turns: list[Turn] = []
+        self._on_closed = on_closed
+        self._open: Turn | None = None
+        self._bot_speaking = False
+        self._reply_generated = False  # the LLM finished; the next bot silence ends the turn
+
+    @property
+    def current(self) -> Turn | None:
+        return self._open
+
+    def user_stopped_speaking(self, last_voiced_at: float) -> Turn:
+        turn = self._open
+        if turn is None or turn.stage_at:  # a new utterance after the previous reply began
+            if turn is not None:
+                self._close(last_voiced_at, interrupted=self._bot_speaking)
+            turn = Turn(index=len(self.turns))
+            self.turns.append(turn)
+            self._open = turn
+        # The caller paused and went on before we answered: same turn, later end of speech.
+        turn.end_of_speech_at = last_voiced_at
+        return turn
+
+    def transcript(self, text: str, at: float) -> None:
+        turn = self._open
+        if turn is None:
+            return
+        turn.user_text = f"{turn.user_text} {text}".strip() if turn.user_text else text
+        # A second transcript in one turn moves asr_final: the reply waits for the last one.
+        turn.stage_at["asr_final"] = at
+
+    def stage(self, name: str, at: float) -> None:
+        if name not in STAGES:
+            raise ValueError(f"unknown stage {name!r}")
+        if self._open is not None and "asr_final" in self._open.stage_at:
+            self._open.stage_at.setdefault(name, at)
+
+    def bot_started_speaking(self, at: float) -> None:
+        self._bot_speaking = True
+        self.stage("first_audio_sent", at)
+
+    def spoken_text(self, text: str) -> None:
+        if self._open is not None and text:
+            sep = "" if not self._open.reply_text or text.startswith((" ", ",", ".", "!", "?")) else " "
+            self._open.reply_text += sep + text
+
+    def reply_generated(self) -> None:
+        self._reply_generated = True
+
+    def bot_stopped_speaking(self, at: float) -> Turn | None:
+        """Audio paused. Only after the whole reply was generated is that the turn's end:
+        a slow sentence can leave a gap mid-reply."""
+        self._bot_speaking = False
+        if self._open is None or not self._reply_generated:
+            return None
+        return self._close(at, interrupted=False)
+
+    def interrupted(self, at: float) -> Turn | None:
+        """The caller barged in: the open turn ends with what was said so far."""
+        if not self._bot_speaking or self._open is None:
+            return None
+        self._bot_speaking = False
+        return self._close(at, interrupted=True)
+
+    def finish(self, at: float) -> Turn | None:
+        """The call ended; close whatever is open."""
+        return None if self._open is None else self._close(at, interrupted=self._bot_speaking)
+
+    def _close(self, at: float, *, interrupted: bool) -> Turn:
+        turn = self._open
+        assert turn is not None
+        turn.interrupted = interrupted
+        turn.completed_at = at
+        self._open = None
+        self._reply_generated = False
+        self._on_closed(turn)
+        return turn

@@ -14,7 +14,7 @@ from dataclasses import dataclass
 from pipecat.audio.vad.silero import SileroVADAnalyzer
 from pipecat.audio.vad.vad_analyzer import VADParams
 from pipecat.pipeline.pipeline import Pipeline
-from pipecat.pipeline.task import PipelineParams, PipelineTask
+from pipecat.pipeline.worker import PipelineParams, PipelineWorker
 from pipecat.processors.aggregators.llm_context import LLMContext
 from pipecat.processors.aggregators.llm_response_universal import LLMContextAggregatorPair, LLMUserAggregatorParams
 from pipecat.transports.base_transport import BaseTransport
@@ -44,7 +44,7 @@ class Engines:
 
 @dataclass(frozen=True)
 class VoiceCall:
-    task: PipelineTask
+    task: PipelineWorker
     observer: TurnObserver
     context: LLMContext
 
@@ -90,7 +90,7 @@ def build_voice_call(
     output = transport.output()
     pipeline = Pipeline([transport.input(), stt, aggregators.user(), llm, tts, output, aggregators.assistant()])
     observer = TurnObserver(output_transport=output, on_turn_closed=on_turn_closed)
-    task = PipelineTask(
+    task = PipelineWorker(
         pipeline,
         params=PipelineParams(
             audio_in_sample_rate=PIPELINE_INPUT_SAMPLE_RATE,

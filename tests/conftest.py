@@ -1,0 +1,78 @@
+"""Shared fixtures: the embedded models (loaded once per session) and a real server on loopback."""
+
+from __future__ import annotations
+
+import socket
+import threading
+import time
+from collections.abc import Iterator
+from contextlib import contextmanager
+from dataclasses import dataclass, replace
+from pathlib import Path
+
+import pytest
+import uvicorn
+
+from agent.app import create_app
+from agent.config import CadenceConfig, StoreConfig, load_config
+from models import registry
+from pipelines.voice import Engines
+
+REPO_ROOT = Path(__file__).resolve().parent.parent
+DEFAULT_CONFIG = REPO_ROOT / "configs" / "default.yaml"
+
+
+@pytest.fixture(scope="session")
+def default_config() -> CadenceConfig:
+    return load_config(DEFAULT_CONFIG)
+
+
+@pytest.fixture(scope="session")
+def embedded_engines(default_config: CadenceConfig) -> Iterator[Engines]:
+    """The real default models, loaded and warmed once for every test that needs them."""
+    engines = registry.build_engines(default_config)
+    registry.load_and_warm(engines)
+    yield engines
+
+
+@dataclass(frozen=True)
+class RunningServer:
+    base_url: str
+    ws_url: str
+    app: object
+
+
+@contextmanager
+def running_server(config: CadenceConfig, engines: Engines) -> Iterator[RunningServer]:
+    """Serves the real app with uvicorn on a free loopback port in a thread of its own."""
+    app = create_app(config, engines=engines, engines_loaded=True)
+    sock = socket.socket(socket.AF_INET, socket.SOCK_STREAM)
+    sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+    sock.bind(("127.0.0.1", 0))
+    port = sock.getsockname()[1]
+    server = uvicorn.Server(uvicorn.Config(app, ws_max_size=config.server.max_ws_message_bytes,
+                                           log_level="warning", lifespan="on"))
+    thread = threading.Thread(target=server.run, kwargs={"sockets": [sock]}, daemon=True)
+    thread.start()
+    deadline = time.monotonic() + 20
+    while not server.started:
+        if time.monotonic() > deadline or not thread.is_alive():
+            raise RuntimeError("test server did not start")
+        time.sleep(0.02)
+    try:
+        yield RunningServer(f"http://127.0.0.1:{port}", f"ws://127.0.0.1:{port}", app)
+    finally:
+        server.should_exit = True
+        thread.join(timeout=20)
+        sock.close()
+
+
+@pytest.fixture
+def server_config(default_config: CadenceConfig, tmp_path: Path) -> CadenceConfig:
+    return replace(default_config, store=StoreConfig(path=str(tmp_path / "calls.sqlite3")))
+
+
+@pytest.fixture
+def server(server_config: CadenceConfig, embedded_engines: Engines) -> Iterator[RunningServer]:
+    with running_server(server_config, embedded_engines) as running:
+        yield running

@@ -1,0 +1,69 @@
+"""A real phone-style call over the Twilio Media Streams protocol, end to end.
+
+The caller's question is spoken by espeak-ng at test time, streamed in real time as
+20 ms mu-law frames, followed by line silence; the reply audio that comes back is
+transcribed with the project's own ASR and must hold real English words.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import re
+
+import httpx
+import numpy as np
+import pytest
+
+from latency_bench import twilio_caller
+from latency_bench.audio import mulaw_decode, resample, speak
+
+pytestmark = [pytest.mark.e2e, pytest.mark.slow]
+
+QUESTION = "Hello. What is the capital of France?"
+
+
+def phone_audio(text: str) -> np.ndarray:
+    samples, rate = speak(text)
+    return resample(samples, rate, twilio_caller.PHONE_RATE)
+
+
+async def transcribe_reply(engines, mulaw: bytes) -> str:
+    pcm16 = resample(mulaw_decode(mulaw), twilio_caller.PHONE_RATE, engines.asr.sample_rate)
+    return (await engines.asr.transcribe(pcm16.tobytes())).text
+
+
+async def test_phone_call_gets_a_spoken_english_reply(server, embedded_engines):
+    result = await twilio_caller.call(f"{server.ws_url}/ws/twilio", [phone_audio(QUESTION)])
+
+    turn = result.turns[0]
+    assert turn.first_reply_at is not None, "no reply audio came back"
+    assert turn.reply_seconds > 0.5
+    heard = await transcribe_reply(embedded_engines, bytes(turn.reply_mulaw))
+    words = re.findall(r"[a-zA-Z']{2,}", heard)
+    assert len(words) >= 2, f"reply did not sound like English: {heard!r}"
+
+    async with httpx.AsyncClient(base_url=server.base_url) as http:
+        calls = (await http.get("/api/calls")).json()["calls"]
+        assert len(calls) == 1 and calls[0]["transport"] == "twilio"
+        call = await _wait_until_ended(http, calls[0]["id"])
+    assert call["end_reason"] == "caller_hung_up"
+    stored = call["turns"][0]
+    assert stored["ttfs_ms"] is not None and 0 < stored["ttfs_ms"] < 10_000
+    assert set(stored["stage_ms"]) == {"asr_final", "llm_first_token", "first_sentence", "tts_first_audio",
+                                       "first_audio_sent"}
+    stages = [stored["stage_ms"][s] for s in ("asr_final", "llm_first_token", "first_sentence", "first_audio_sent")]
+    assert stages == sorted(stages), f"stages out of order: {stored['stage_ms']}"
+    assert "capital" in stored["user_text"].lower() or "france" in stored["user_text"].lower()
+    assert stored["reply_text"]
+
+    metrics = (await httpx.AsyncClient(base_url=server.base_url).get("/metrics")).text
+    assert 'cadence_ttfs_seconds_count{transport="twilio"} 1.0' in metrics
+
+
+async def _wait_until_ended(http: httpx.AsyncClient, call_id: str, timeout_s: float = 10.0) -> dict:
+    for _ in range(int(timeout_s / 0.1)):
+        call = (await http.get(f"/api/calls/{call_id}")).json()
+        if not call["live"] and call.get("ended_at"):
+            return call
+        await asyncio.sleep(0.1)
+    raise AssertionError(f"call {call_id} did not end")

@@ -68,14 +68,18 @@ class ModelRunner:
             future.cancel()
 
         def produce() -> None:
+            iterator = None
             try:
-                for item in make_iterator(stop):
+                iterator = make_iterator(stop)
+                for item in iterator:
                     if stop.is_set():
                         break
                     put(item)
             except BaseException as exc:  # handed to the consumer, re-raised there
                 put(_Failure(exc))
             finally:
+                if hasattr(iterator, "close"):
+                    iterator.close()  # runs the generator's own cleanup now, on this thread
                 put(_DONE)
 
         job = loop.run_in_executor(self._executor, produce)

@@ -1,0 +1,68 @@
+from pathlib import Path
+
+import pytest
+
+from agent.config import CadenceConfig, IceServer, load_config
+from agent.errors import ConfigError
+
+
+def write(tmp_path: Path, text: str) -> Path:
+    path = tmp_path / "c.yaml"
+    path.write_text(text)
+    return path
+
+
+def test_default_yaml_loads_and_uses_no_public_stun(default_config):
+    assert default_config.server.ice_servers == ()
+    assert default_config.asr.model.startswith("package:")
+    assert default_config == load_config(Path(__file__).parent.parent / "configs" / "default.yaml")
+
+
+def test_no_file_gives_the_dataclass_defaults():
+    assert load_config(None) == CadenceConfig()
+
+
+def test_ice_servers_for_operators(tmp_path):
+    config = load_config(write(tmp_path, """
+server:
+  ice_servers:
+    - urls: ["stun:stun.example.org:3478"]
+    - urls: ["turn:turn.example.org:3478"]
+      username: u
+      credential: p
+"""))
+    assert config.server.ice_servers == (
+        IceServer(urls=("stun:stun.example.org:3478",)),
+        IceServer(urls=("turn:turn.example.org:3478",), username="u", credential="p"),
+    )
+
+
+@pytest.mark.parametrize("text, message", [
+    ("servr: {}", "unknown keys ['servr']"),
+    ("server: {port: 'eighty'}", "config.server.port: expected int"),
+    ("server: {port: 0}", "server.port must be 1..65535"),
+    ("vad: {stop_secs: 10}", "vad.stop_secs"),
+    ("limits: {max_user_turn_seconds: 45}", "max_user_turn_seconds"),
+    ("server: {ice_servers: 'stun:x'}", "expected a list"),
+    ("[1, 2]", "must be a mapping"),
+    ("server: {port: true}", "expected int"),
+])
+def test_bad_config_is_rejected_with_a_clear_message(tmp_path, text, message):
+    with pytest.raises(ConfigError, match=None) as info:
+        load_config(write(tmp_path, text))
+    assert message in str(info.value)
+
+
+def test_missing_file_is_a_config_error(tmp_path):
+    with pytest.raises(ConfigError, match="cannot read config"):
+        load_config(tmp_path / "nope.yaml")
+
+
+def test_cli_overrides_apply(tmp_path):
+    config = load_config(write(tmp_path, "server: {port: 9000}"), server__port=9100, server__host="0.0.0.0")
+    assert (config.server.host, config.server.port) == ("0.0.0.0", 9100)
+
+
+def test_config_is_frozen():
+    with pytest.raises(AttributeError):
+        CadenceConfig().server.port = 1  # type: ignore[misc]

@@ -1,0 +1,60 @@
+"""A real browser-style call over WebRTC (aiortc client <-> pipecat SmallWebRTC), end to end.
+
+The caller's question is spoken by espeak-ng at test time and sent as a real-time Opus
+audio track after host-only ICE on loopback (no STUN); the reply audio that comes back
+on the same transceiver is transcribed with the project's own ASR and must hold real
+English words.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import re
+
+import httpx
+import pytest
+
+from latency_bench import webrtc_caller
+from latency_bench.audio import resample, speak
+
+pytestmark = [pytest.mark.e2e, pytest.mark.slow]
+
+QUESTION = "Hello. What is the capital of France?"
+
+
+async def test_webrtc_call_gets_a_spoken_english_reply(server, embedded_engines):
+    samples, rate = speak(QUESTION)
+    result = await webrtc_caller.call(f"{server.base_url}/api/offer", samples, rate)
+
+    assert result.first_reply_at is not None, "no reply audio came back"
+    assert result.reply_seconds > 0.5
+    assert 0 < result.ttfs_seconds < 10, f"caller-side TTFS {result.ttfs_seconds:.3f} s"
+    pcm16 = resample(result.reply_audio, webrtc_caller.REPLY_RATE, embedded_engines.asr.sample_rate)
+    heard = (await embedded_engines.asr.transcribe(pcm16.tobytes())).text
+    words = re.findall(r"[a-zA-Z']{2,}", heard)
+    assert len(words) >= 2, f"reply did not sound like English: {heard!r}"
+
+    async with httpx.AsyncClient(base_url=server.base_url) as http:
+        call = await _wait_until_ended(http, result.call_id)
+        calls = (await http.get("/api/calls")).json()["calls"]
+        metrics = (await http.get("/metrics")).text
+    assert [c["transport"] for c in calls if c["id"] == result.call_id] == ["webrtc"]
+    assert call["end_reason"] == "caller_hung_up"
+    stored = call["turns"][0]
+    assert stored["ttfs_ms"] is not None and 0 < stored["ttfs_ms"] < 10_000
+    assert set(stored["stage_ms"]) == {"asr_final", "llm_first_token", "first_sentence", "tts_first_audio",
+                                       "first_audio_sent"}
+    stages = [stored["stage_ms"][s] for s in ("asr_final", "llm_first_token", "first_sentence", "first_audio_sent")]
+    assert stages == sorted(stages), f"stages out of order: {stored['stage_ms']}"
+    assert "capital" in stored["user_text"].lower() or "france" in stored["user_text"].lower()
+    assert stored["reply_text"]
+    assert 'cadence_ttfs_seconds_count{transport="webrtc"} 1.0' in metrics
+
+
+async def _wait_until_ended(http: httpx.AsyncClient, call_id: str, timeout_s: float = 15.0) -> dict:
+    for _ in range(int(timeout_s / 0.1)):
+        call = (await http.get(f"/api/calls/{call_id}")).json()
+        if not call["live"] and call.get("ended_at"):
+            return call
+        await asyncio.sleep(0.1)
+    raise AssertionError(f"call {call_id} did not end")

@@ -1,0 +1,90 @@
+import asyncio
+import threading
+import time
+
+import pytest
+
+from agent.errors import CapacityError
+from models.runner import ModelRunner
+
+
+async def test_run_executes_off_the_event_loop():
+    runner = ModelRunner("t")
+    loop_thread = threading.get_ident()
+    assert await runner.run(threading.get_ident) != loop_thread
+    runner.shutdown()
+
+
+async def test_requests_beyond_the_bound_are_refused_not_queued():
+    runner = ModelRunner("t", max_waiting=2)
+    release = threading.Event()
+    first = asyncio.ensure_future(runner.run(lambda: release.wait(5)))
+    second = asyncio.ensure_future(runner.run(lambda: None))
+    await asyncio.sleep(0.05)
+    with pytest.raises(CapacityError, match="2 requests waiting"):
+        await runner.run(lambda: None)
+    release.set()
+    await asyncio.gather(first, second)
+    assert runner.depth == 0
+    runner.shutdown()
+
+
+async def test_closing_a_stream_early_stops_the_producer_and_frees_the_slot():
+    runner = ModelRunner("t", max_waiting=1)
+    produced = []
+
+    def produce(stop: threading.Event):
+        for i in range(1000):
+            if stop.is_set():
+                return
+            produced.append(i)
+            time.sleep(0.002)
+            yield i
+
+    stream = runner.stream(produce, buffer=2)
+    got = [await stream.__anext__() for _ in range(3)]
+    await stream.aclose()
+    assert got == [0, 1, 2]
+    assert len(produced) < 10  # the thread stopped within a few steps, not at 1000
+    assert runner.depth == 0
+    assert await runner.run(lambda: "next") == "next"  # the slot is free again
+    runner.shutdown()
+
+
+async def test_producer_errors_reach_the_consumer():
+    runner = ModelRunner("t")
+
+    def broken(stop):
+        yield 1
+        raise RuntimeError("model exploded")
+
+    with pytest.raises(RuntimeError, match="model exploded"):
+        async for _ in runner.stream(broken):
+            pass
+    assert runner.depth == 0
+    runner.shutdown()
+
+
+async def test_cancelling_the_consumer_stops_the_producer():
+    runner = ModelRunner("t")
+    stopped = threading.Event()
+
+    def endless(stop):
+        try:
+            while True:
+                time.sleep(0.005)
+                yield b"x"
+        finally:  # the generator is closed on the model thread, so its cleanup runs
+            stopped.set()
+
+    async def consume():
+        async for _ in runner.stream(endless):
+            pass
+
+    task = asyncio.ensure_future(consume())
+    await asyncio.sleep(0.05)
+    task.cancel()
+    with pytest.raises(asyncio.CancelledError):
+        await task
+    assert stopped.wait(1.0)
+    runner.shutdown()

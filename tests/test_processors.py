@@ -1,0 +1,113 @@
+"""Our pipecat services, driven through pipecat's own test harness with scripted engines."""
+
+from __future__ import annotations
+
+from pipecat.frames.frames import (
+    ErrorFrame,
+    InputAudioRawFrame,
+    LLMContextFrame,
+    LLMServiceMetadataFrame,
+    LLMFullResponseEndFrame,
+    LLMFullResponseStartFrame,
+    LLMTextFrame,
+    TranscriptionFrame,
+    TTSAudioRawFrame,
+    TTSSpeakFrame,
+    VADUserStartedSpeakingFrame,
+    VADUserStoppedSpeakingFrame,
+)
+from pipecat.processors.aggregators.llm_context import LLMContext
+from pipecat.tests.utils import run_test
+
+from pipelines.llm import EngineLLMService, prompt_window
+from pipelines.stt import EngineSTTService, compression_ratio, is_plausible
+from pipelines.tts import EngineTTSService
+from models.base import Transcript
+from tests.fakes import ScriptedASR, ScriptedLLM, ToneTTS
+
+SPEECH_20MS = (3000).to_bytes(2, "little", signed=True) * 320  # 20 ms at 16 kHz
+
+
+def context_with(*turns: tuple[str, str]) -> LLMContext:
+    return LLMContext(messages=[{"role": "system", "content": "be brief"}] +
+                      [{"role": role, "content": text} for role, text in turns])
+
+
+async def test_llm_service_streams_the_reply_between_start_and_end_frames():
+    engine = ScriptedLLM(["Paris", " is the", " capital."])
+    service = EngineLLMService(engine, max_reply_tokens=50, max_history_messages=4)
+    down, _ = await run_test(
+        service,
+        frames_to_send=[LLMContextFrame(context_with(("user", "capital of France?")))],
+    )
+    assert [type(f) for f in down if not isinstance(f, LLMServiceMetadataFrame)] == [
+        LLMFullResponseStartFrame, LLMTextFrame, LLMTextFrame, LLMTextFrame, LLMFullResponseEndFrame]
+    assert "".join(f.text for f in down if isinstance(f, LLMTextFrame)) == "Paris is the capital."
+    assert engine.prompts[0][0]["role"] == "system"
+
+
+async def test_llm_service_turns_an_overloaded_engine_into_an_error_not_a_crash():
+    service = EngineLLMService(ScriptedLLM([], refuse=True), max_reply_tokens=50, max_history_messages=4)
+    down, up = await run_test(
+        service,
+        frames_to_send=[LLMContextFrame(context_with(("user", "hi")))],
+    )
+    assert [type(f) for f in down if not isinstance(f, LLMServiceMetadataFrame)] == [
+        LLMFullResponseStartFrame, LLMFullResponseEndFrame]
+    assert any(isinstance(f, ErrorFrame) and "retry later" in f.error for f in up)
+
+
+def test_prompt_window_keeps_system_and_the_latest_turns():
+    messages = [{"role": "system", "content": "s"}] + [
+        {"role": "user" if i % 2 == 0 else "assistant", "content": str(i)} for i in range(10)]
+    window = prompt_window(messages, max_history=3)
+    assert [m["content"] for m in window] == ["s", "7", "8", "9"]
+
+
+async def test_stt_service_transcribes_the_vad_segment_once_it_ends():
+    engine = ScriptedASR("what is the capital of france")
+    service = EngineSTTService(engine, max_segment_seconds=30)
+    frames = [VADUserStartedSpeakingFrame()] + [
+        InputAudioRawFrame(audio=SPEECH_20MS, sample_rate=16_000, num_channels=1) for _ in range(25)
+    ] + [VADUserStoppedSpeakingFrame(stop_secs=0.4)]
+    down, _ = await run_test(service, frames_to_send=frames)
+    transcripts = [f for f in down if isinstance(f, TranscriptionFrame)]
+    assert [t.text for t in transcripts] == ["what is the capital of france"]
+    assert transcripts[0].finalized
+    assert len(engine.heard) == 1 and len(engine.heard[0]) >= 25 * len(SPEECH_20MS)
+
+
+async def test_stt_service_cuts_overlong_turns_to_the_window_keeping_the_end():
+    engine = ScriptedASR("long story")
+    service = EngineSTTService(engine, max_segment_seconds=0.2)
+    frames = [VADUserStartedSpeakingFrame()] + [
+        InputAudioRawFrame(audio=SPEECH_20MS, sample_rate=16_000, num_channels=1) for _ in range(50)
+    ] + [VADUserStoppedSpeakingFrame(stop_secs=0.4)]
+    await run_test(service, frames_to_send=frames)
+    assert len(engine.heard[0]) == int(0.2 * 16_000) * 2
+
+
+async def test_stt_service_drops_text_hallucinated_from_noise():
+    engine = ScriptedASR("thank you", no_speech_probability=0.9)
+    frames = [VADUserStartedSpeakingFrame(),
+              InputAudioRawFrame(audio=SPEECH_20MS, sample_rate=16_000, num_channels=1),
+              VADUserStoppedSpeakingFrame(stop_secs=0.4)]
+    down, _ = await run_test(EngineSTTService(engine, max_segment_seconds=30), frames_to_send=frames)
+    assert not [f for f in down if isinstance(f, TranscriptionFrame)]
+
+
+def test_plausibility_rules():
+    assert is_plausible(Transcript("what time is it", 1.0, 0.1, no_speech_probability=0.1))
+    assert not is_plausible(Transcript("  ", 1.0, 0.1))
+    loop = "I'm sorry. " * 30
+    assert compression_ratio(loop) > 2.4 and not is_plausible(Transcript(loop, 5.0, 1.0))
+    assert is_plausible(Transcript("please book a table for four people", 2.0, 0.1, no_speech_probability=0.8))
+
+
+async def test_tts_service_streams_engine_audio_as_tts_frames():
+    engine = ToneTTS(chunks=3)
+    service = EngineTTSService(engine, voice="tone")
+    down, _ = await run_test(service, frames_to_send=[TTSSpeakFrame("Hello there.")])
+    audio = [f for f in down if isinstance(f, TTSAudioRawFrame)]
+    assert audio and sum(len(f.audio) for f in audio) > 0
+    assert engine.sentences == ["Hello there."]

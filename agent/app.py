@@ -119,8 +119,8 @@ def create_app(config: CadenceConfig, *, engines: Engines | None = None, engines
         await handle_twilio_call(websocket, manager=manager, config=config, metrics=metrics)
 
     @app.get("/api/calls")
-    async def list_calls(limit: int = 50, offset: int = 0) -> dict:
-        stored = await store.list_calls(limit, offset)
+    async def list_calls(limit: int = 50, offset: int = 0, external_id: str | None = None) -> dict:
+        stored = await store.list_calls(limit, offset, external_id)
         for row in stored:
             row["live"] = manager.live(row["id"]) is not None
         return {"calls": stored}

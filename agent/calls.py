@@ -35,6 +35,7 @@ class ActiveCall:
     id: str
     transport: str
     started_at: float
+    external_id: str | None = None  # the caller side's id (Twilio callSid, WebRTC pc_id)
     voice: VoiceCall | None = None
     end_reason: str = "completed"
     bad_messages: int = 0
@@ -42,7 +43,8 @@ class ActiveCall:
 
     def snapshot(self) -> dict[str, Any]:
         turns = self.voice.observer.timeline.turns if self.voice else []
-        return {"id": self.id, "transport": self.transport, "started_at": self.started_at, "live": True,
+        return {"id": self.id, "transport": self.transport, "external_id": self.external_id,
+                "started_at": self.started_at, "live": True,
                 "turns": [turn_to_dict(t) for t in turns]}
 
 
@@ -92,7 +94,8 @@ class CallManager:
 
     async def run(self, call: ActiveCall, transport: BaseTransport, *, output_sample_rate: int,
                   enable_rtvi: bool = False) -> None:
-        await self._store.call_started(call.id, self._config.agent.name, call.transport, call.started_at)
+        await self._store.call_started(call.id, self._config.agent.name, call.transport, call.started_at,
+                                       call.external_id)
         try:
             call.voice = build_voice_call(
                 transport, engines=self._engines, config=self._config, output_sample_rate=output_sample_rate,

@@ -21,6 +21,7 @@ CREATE TABLE IF NOT EXISTS calls (
     id TEXT PRIMARY KEY,
     agent TEXT NOT NULL,
     transport TEXT NOT NULL,
+    external_id TEXT,          -- the caller side's id: Twilio callSid/streamSid, WebRTC pc_id
     started_at REAL NOT NULL,
     ended_at REAL,
     end_reason TEXT
@@ -37,6 +38,7 @@ CREATE TABLE IF NOT EXISTS turns (
     PRIMARY KEY (call_id, idx)
 );
 CREATE INDEX IF NOT EXISTS calls_started ON calls(started_at DESC);
+CREATE INDEX IF NOT EXISTS calls_external ON calls(external_id);
 """
 
 MAX_LIST_LIMIT = 500
@@ -68,9 +70,11 @@ class CallStore:
     async def _run(self, fn, *args) -> Any:
         return await asyncio.get_running_loop().run_in_executor(self._executor, fn, *args)
 
-    async def call_started(self, call_id: str, agent: str, transport: str, at: float) -> None:
-        await self._run(self._write, "INSERT INTO calls (id, agent, transport, started_at) VALUES (?, ?, ?, ?)",
-                        (call_id, agent, transport, at))
+    async def call_started(self, call_id: str, agent: str, transport: str, at: float,
+                           external_id: str | None = None) -> None:
+        await self._run(self._write,
+                        "INSERT INTO calls (id, agent, transport, external_id, started_at) VALUES (?, ?, ?, ?, ?)",
+                        (call_id, agent, transport, external_id, at))
 
     async def call_ended(self, call_id: str, at: float, reason: str) -> None:
         await self._run(self._write, "UPDATE calls SET ended_at = ?, end_reason = ? WHERE id = ?", (at, reason, call_id))
@@ -85,16 +89,17 @@ class CallStore:
         with self._db:
             self._db.execute(sql, params)
 
-    async def list_calls(self, limit: int = 50, offset: int = 0) -> list[dict[str, Any]]:
+    async def list_calls(self, limit: int = 50, offset: int = 0, external_id: str | None = None) -> list[dict[str, Any]]:
         limit = max(1, min(limit, MAX_LIST_LIMIT))
-        return await self._run(self._list_calls, limit, max(0, offset))
+        return await self._run(self._list_calls, limit, max(0, offset), external_id)
 
-    def _list_calls(self, limit: int, offset: int) -> list[dict[str, Any]]:
+    def _list_calls(self, limit: int, offset: int, external_id: str | None) -> list[dict[str, Any]]:
         assert self._db is not None
+        where, params = ("WHERE c.external_id = ?", (external_id,)) if external_id else ("", ())
         rows = self._db.execute(
-            "SELECT c.*, COUNT(t.idx) AS turns FROM calls c LEFT JOIN turns t ON t.call_id = c.id "
+            f"SELECT c.*, COUNT(t.idx) AS turns FROM calls c LEFT JOIN turns t ON t.call_id = c.id {where} "
             "GROUP BY c.id ORDER BY c.started_at DESC LIMIT ? OFFSET ?",
-            (limit, offset),
+            (*params, limit, offset),
         ).fetchall()
         return [dict(r) for r in rows]
 

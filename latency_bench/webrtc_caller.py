@@ -9,6 +9,7 @@ last voiced sample to receiving the first reply frame that is not silence.
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import fractions
 import time
 from dataclasses import dataclass
@@ -28,6 +29,7 @@ FRAME_SAMPLES = int(SEND_RATE * FRAME_SECONDS)
 VOICED_RMS = 0.01  # of full scale; Opus-coded silence decodes to (near) zero
 CONNECT_TIMEOUT_S = 10.0
 HTTP_TIMEOUT_S = 15.0
+DATA_CHANNEL_LABEL = "chat"
 
 
 @dataclass
@@ -69,10 +71,10 @@ class CallerTrack(MediaStreamTrack):
         if self.readyState != "live":
             raise MediaStreamError
         if self._start is None:
-            self._start = time.time()
+            self._start = time.monotonic()
         else:
             self._pts += FRAME_SAMPLES
-            await asyncio.sleep(max(0.0, self._start + self._pts / SEND_RATE - time.time()))
+            await asyncio.sleep(max(0.0, self._start + self._pts / SEND_RATE - time.monotonic()))
         chunk = self.audio[self._pts : self._pts + FRAME_SAMPLES]
         chunk = np.pad(chunk, (0, FRAME_SAMPLES - len(chunk)))
         if self.speech_end_sent_at is None and self._pts + FRAME_SAMPLES >= self._voiced_end:
@@ -115,12 +117,9 @@ class _Listener:
             except MediaStreamError:
                 return
             now = time.time()
-            mono = frame_to_mono(frame)
-            if self.rate not in (None, frame.sample_rate):
-                raise RuntimeError(f"reply sample rate changed from {self.rate} to {frame.sample_rate}")
-            self.rate = frame.sample_rate
-            rms = float(np.sqrt(np.mean((mono.astype(np.float64) / 32768.0) ** 2))) if len(mono) else 0.0
-            if rms > VOICED_RMS:
+            self.rate = self.rate or frame.sample_rate  # aiortc decodes Opus at 48 kHz throughout
+            mono = resample(frame_to_mono(frame), frame.sample_rate, self.rate)
+            if np.sqrt(np.mean(mono.astype(np.float64) ** 2)) / 32768.0 > VOICED_RMS:
                 self.first_voiced_at = self.first_voiced_at or now
                 self.last_voiced_at = now
             if self.first_voiced_at is not None:
@@ -162,20 +161,24 @@ async def call(
     try:
         # sendrecv at index 0: SmallWebRTC answers on the first transceiver with its own audio.
         pc.addTransceiver(mic, direction="sendrecv")
+        # Browser clients open one; without it the server queues (then drops) its RTVI messages.
+        pc.createDataChannel(DATA_CHANNEL_LABEL)
         # aiortc's setLocalDescription gathers every (host) candidate before it returns.
         await pc.setLocalDescription(await pc.createOffer())
         if pc.iceGatheringState != "complete":
             raise RuntimeError(f"ICE gathering did not complete: {pc.iceGatheringState}")
+        if "a=candidate:" not in pc.localDescription.sdp:
+            # aioice never offers 127.0.0.1, so a host whose only interface is loopback has none.
+            raise ConnectionError("no ICE host candidate: this host has no interface address but 127.0.0.1")
         async with httpx.AsyncClient(timeout=HTTP_TIMEOUT_S) as http:
             response = await http.post(offer_url, json={"sdp": pc.localDescription.sdp,
                                                         "type": pc.localDescription.type})
-        response.raise_for_status()
+        if response.status_code != 200:
+            raise ConnectionError(f"offer refused: HTTP {response.status_code} {response.text}")
         answer = response.json()
         await pc.setRemoteDescription(RTCSessionDescription(sdp=answer["sdp"], type=answer["type"]))
-        try:
+        with contextlib.suppress(asyncio.TimeoutError):
             await asyncio.wait_for(settled.wait(), CONNECT_TIMEOUT_S)
-        except asyncio.TimeoutError:
-            pass
         if pc.connectionState != "connected":
             raise ConnectionError(f"WebRTC call did not connect (connectionState={pc.connectionState}, "
                                   f"iceConnectionState={pc.iceConnectionState})")
@@ -186,7 +189,10 @@ async def call(
         await pc.close()
         for task in tasks:
             task.cancel()
-        await asyncio.gather(*tasks, return_exceptions=True)
+        outcomes = await asyncio.gather(*tasks, return_exceptions=True)
+    for outcome in outcomes:  # a listener that crashed would otherwise read as "no reply"
+        if isinstance(outcome, Exception):
+            raise outcome
     return CallResult(answer["call_id"], mic.speech_end_sent_at or 0.0, listener.first_voiced_at,
                       listener.reply_audio())
 

@@ -17,10 +17,18 @@ from models.base import ChatMessage, LLMEngine
 
 
 def prompt_window(messages: list[ChatMessage], max_history: int) -> list[ChatMessage]:
-    """System messages plus the last `max_history` others: bounds prompt cost on long calls."""
+    """System messages plus at most `max_history` recent dialogue messages.
+
+    The window's start moves in steps of half the window, not one message per turn: the
+    LLM engine reuses the KV cache of the longest unchanged prompt prefix, and a start that
+    slid every turn would re-evaluate the whole history every turn (seconds on a CPU).
+    """
     system = [m for m in messages if m.get("role") == "system"]
     dialogue = [m for m in messages if m.get("role") in ("user", "assistant") and isinstance(m.get("content"), str)]
-    return system + dialogue[-max_history:]
+    step = max(1, max_history // 2)
+    overflow = max(0, len(dialogue) - max_history)
+    start = -(-overflow // step) * step  # overflow rounded up to whole steps
+    return system + dialogue[start:]
 
 
 class EngineLLMService(LLMService):

@@ -3,13 +3,20 @@
 The segment handed to the engine is the caller's turn as cut by the VAD. It already ends
 in `stop_secs` of real silence, so no synthetic padding is added (pipecat's default
 pads another 0.5 s, which Whisper then has to encode).
+
+Speculative transcription: when the VAD reports that the caller paused (`speech_paused`),
+the audio so far is transcribed at once, while the VAD is still waiting out `stop_secs`
+to be sure the turn is over. If the turn does end with no more speech, that transcript is
+used and the wait cost no ASR time; if the caller goes on, it is dropped.
 """
 
 from __future__ import annotations
 
+import asyncio
 import gzip
 import logging
 from collections.abc import AsyncGenerator
+from dataclasses import dataclass
 
 from pipecat.frames.frames import ErrorFrame, Frame, TranscriptionFrame
 from pipecat.services.settings import STTSettings
@@ -45,6 +52,12 @@ def is_plausible(transcript: Transcript) -> bool:
     return True
 
 
+@dataclass
+class _Speculation:
+    audio_bytes: int  # how much of the turn's audio the speculative transcript covers
+    task: asyncio.Task
+
+
 class EngineSTTService(SegmentedSTTService):
     def __init__(self, engine: ASREngine, *, max_segment_seconds: float, **kwargs) -> None:
         super().__init__(
@@ -55,6 +68,57 @@ class EngineSTTService(SegmentedSTTService):
         )
         self._engine = engine
         self._max_segment_bytes = int(max_segment_seconds * engine.sample_rate) * _PCM16_BYTES
+        self._speculation: _Speculation | None = None
+        self.speculations_used = 0
+        self.speculations_dropped = 0
+
+    def speech_paused(self) -> None:
+        """The caller went quiet mid-turn: start transcribing what we have."""
+        if self._speculation is not None or not self._user_speaking or not self._audio_buffer:
+            return
+        audio = bytes(self._audio_buffer)
+        task = self.create_task(self._engine.transcribe(self._fit(audio)), name="speculative-asr")
+        self._speculation = _Speculation(audio_bytes=len(audio), task=task)
+
+    def speech_resumed(self) -> None:
+        """The caller went on talking: the speculative transcript is missing words."""
+        self._drop_speculation()
+
+    def _drop_speculation(self) -> None:
+        if self._speculation is not None:
+            self.speculations_dropped += 1
+            self._speculation.task.cancel()  # the model thread finishes its run; the result is ignored
+            self._speculation = None
+
+    async def _handle_user_started_speaking(self, frame) -> None:
+        self._drop_speculation()
+        await super()._handle_user_started_speaking(frame)
+
+    async def cleanup(self) -> None:
+        self._drop_speculation()
+        await super().cleanup()
+
+    def _fit(self, audio: bytes) -> bytes:
+        if len(audio) > self._max_segment_bytes:
+            # Whisper sees 30 s at most; keep the end of the turn, which the reply is about.
+            log.warning("caller turn of %.1f s cut to its last %.1f s", len(audio) / 2 / self.sample_rate,
+                        self._max_segment_bytes / 2 / self.sample_rate)
+            return audio[-self._max_segment_bytes :]
+        return audio
+
+    async def _transcribe(self, audio: bytes) -> Transcript:
+        speculation, self._speculation = self._speculation, None
+        # Usable only if the turn's audio is what it saw plus silence: the VAD heard no
+        # speech since the pause (else `speech_resumed` would have dropped it).
+        if speculation is not None and len(audio) >= speculation.audio_bytes:
+            try:
+                transcript = await speculation.task
+                self.speculations_used += 1
+                return transcript
+            except asyncio.CancelledError:
+                if asyncio.current_task().cancelling():
+                    raise
+        return await self._engine.transcribe(self._fit(audio))
 
     @property
     def wants_wav_segments(self) -> bool:
@@ -64,14 +128,9 @@ class EngineSTTService(SegmentedSTTService):
         return True
 
     async def run_stt(self, audio: bytes) -> AsyncGenerator[Frame | None, None]:
-        if len(audio) > self._max_segment_bytes:
-            # Whisper sees 30 s at most; keep the end of the turn, which the reply is about.
-            log.warning("caller turn of %.1f s cut to its last %.1f s", len(audio) / 2 / self.sample_rate,
-                        self._max_segment_bytes / 2 / self.sample_rate)
-            audio = audio[-self._max_segment_bytes :]
         await self.start_processing_metrics()
         try:
-            transcript = await self._engine.transcribe(audio)
+            transcript = await self._transcribe(audio)
         except CadenceError as exc:
             yield ErrorFrame(error=f"speech recognition unavailable: {exc}")
             return

@@ -14,6 +14,7 @@ from pipecat.services.tts_service import TTSService
 
 from agent.errors import CadenceError
 from models.base import TTSEngine
+from pipelines.text_chunking import FirstClauseAggregator
 
 
 class EngineTTSService(TTSService):
@@ -25,6 +26,9 @@ class EngineTTSService(TTSService):
             **kwargs,
         )
         self._engine = engine
+        # pipecat 1.14 has no constructor argument for the aggregator; this replaces the
+        # default sentence aggregator with one that also releases a reply's first clause.
+        self._text_aggregator = FirstClauseAggregator()
 
     def can_generate_metrics(self) -> bool:
         return True

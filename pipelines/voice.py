@@ -11,7 +11,6 @@ from __future__ import annotations
 from collections.abc import Callable
 from dataclasses import dataclass
 
-from pipecat.audio.vad.silero import SileroVADAnalyzer
 from pipecat.audio.vad.vad_analyzer import VADParams
 from pipecat.pipeline.pipeline import Pipeline
 from pipecat.pipeline.worker import PipelineParams, PipelineWorker
@@ -29,6 +28,7 @@ from pipelines.stt import EngineSTTService
 from pipelines.tts import EngineTTSService
 from pipelines.turn_observer import TurnObserver
 from pipelines.turn_timeline import Turn
+from pipelines.vad import PauseAwareSileroVAD
 
 # The pipeline's input runs at Whisper's rate: feeding it 8 kHz telephone audio unconverted
 # yields no transcript at all (see FACTS: pipecat's Twilio example pitfall).
@@ -58,13 +58,18 @@ def build_voice_call(
     on_turn_closed: Callable[[Turn], None],
     enable_rtvi: bool = False,
 ) -> VoiceCall:
-    vad = SileroVADAnalyzer(
+    stt = EngineSTTService(engines.asr, max_segment_seconds=config.limits.max_user_turn_seconds)
+    vad = PauseAwareSileroVAD(
         params=VADParams(
             confidence=config.vad.confidence,
             start_secs=config.vad.start_secs,
             stop_secs=config.vad.stop_secs,
             min_volume=config.vad.min_volume,
-        )
+        ),
+        # At or past stop_secs the turn is over anyway: speculation off.
+        pause_secs=config.asr.speculate_after_secs if config.asr.speculate_after_secs > 0 else float("inf"),
+        on_pause=stt.speech_paused,
+        on_resume=stt.speech_resumed,
     )
     context = LLMContext(messages=[{"role": "system", "content": config.agent.system_prompt}])
     aggregators = LLMContextAggregatorPair(
@@ -80,7 +85,6 @@ def build_voice_call(
             ),
         ),
     )
-    stt = EngineSTTService(engines.asr, max_segment_seconds=config.limits.max_user_turn_seconds)
     llm = EngineLLMService(
         engines.llm,
         max_reply_tokens=config.llm.max_reply_tokens,

@@ -4,6 +4,11 @@ The caller's question is spoken by espeak-ng at test time and sent as a real-tim
 audio track after host-only ICE on loopback (no STUN); the reply audio that comes back
 on the same transceiver is transcribed with the project's own ASR and must hold real
 English words.
+
+aioice never gathers 127.0.0.1, so left alone both peers would pair over this host's
+other interface addresses, and a host with loopback only (a sandboxed CI job) would
+have no candidate at all. Server and caller share this process, so one patch makes
+both gather exactly 127.0.0.1: the call stays on loopback and works on any host.
 """
 
 from __future__ import annotations
@@ -11,6 +16,7 @@ from __future__ import annotations
 import asyncio
 import re
 
+import aioice.ice
 import httpx
 import pytest
 
@@ -20,6 +26,13 @@ from latency_bench.audio import resample, speak
 pytestmark = [pytest.mark.e2e, pytest.mark.slow]
 
 QUESTION = "Hello. What is the capital of France?"
+LOOPBACK = "127.0.0.1"
+
+
+@pytest.fixture(autouse=True)
+def loopback_ice_only(monkeypatch):
+    monkeypatch.setattr(aioice.ice, "get_host_addresses",
+                        lambda use_ipv4, use_ipv6: [LOOPBACK] if use_ipv4 else [])
 
 
 async def test_webrtc_call_gets_a_spoken_english_reply(server, embedded_engines):

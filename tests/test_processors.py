@@ -57,11 +57,20 @@ async def test_llm_service_turns_an_overloaded_engine_into_an_error_not_a_crash(
     assert any(isinstance(f, ErrorFrame) and "retry later" in f.error for f in up)
 
 
-def test_prompt_window_keeps_system_and_the_latest_turns():
-    messages = [{"role": "system", "content": "s"}] + [
-        {"role": "user" if i % 2 == 0 else "assistant", "content": str(i)} for i in range(10)]
-    window = prompt_window(messages, max_history=3)
-    assert [m["content"] for m in window] == ["s", "7", "8", "9"]
+def test_prompt_window_keeps_system_and_recent_turns_with_a_stable_start():
+    def dialogue(n):
+        return [{"role": "system", "content": "s"}] + [
+            {"role": "user" if i % 2 == 0 else "assistant", "content": str(i)} for i in range(n)]
+
+    assert [m["content"] for m in prompt_window(dialogue(4), max_history=6)] == ["s", "0", "1", "2", "3"]
+    starts = []
+    for n in range(7, 20):
+        window = prompt_window(dialogue(n), max_history=6)
+        assert window[0]["content"] == "s" and len(window) - 1 <= 6
+        assert window[-1]["content"] == str(n - 1)  # the newest message is always in
+        starts.append(window[1]["content"])
+    # The start moves every 3 messages, not every message: the prompt prefix stays cacheable.
+    assert starts == ["3"] * 3 + ["6"] * 3 + ["9"] * 3 + ["12"] * 3 + ["15"]
 
 
 async def test_stt_service_transcribes_the_vad_segment_once_it_ends():

@@ -114,6 +114,7 @@ async def handle_twilio_call(websocket: WebSocket, *, manager: CallManager, conf
 
 async def _run_call(websocket: WebSocket, call: ActiveCall, start: proto.Start, *, manager: CallManager,
                     config: CadenceConfig, metrics: CadenceMetrics) -> None:
+    call.external_id = start.call_sid or start.stream_sid
     background: set[asyncio.Task] = set()
 
     def later(coro) -> None:

@@ -95,6 +95,7 @@ class WebRTCCalls:
             params=TransportParams(audio_in_enabled=True, audio_out_enabled=True),
         )
         pc_id = answer["pc_id"]
+        call.external_id = pc_id
         self._connections[pc_id] = connection
 
         @transport.event_handler("on_client_disconnected")

@@ -89,6 +89,8 @@ class LLMConfig:
     max_reply_tokens: int = 96
     temperature: float = 0.3
     top_p: float = 0.9
+    # Small models loop ("and the ocean, and the ocean, ..."); this keeps replies short and sane.
+    repeat_penalty: float = 1.2
     threads: int = 2
     # Turns of history kept in the prompt; older turns are dropped to bound prompt cost.
     max_history_messages: int = 12

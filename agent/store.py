@@ -15,6 +15,9 @@ from typing import Any
 
 from pipelines.turn_timeline import Turn
 
+# Bump with a new entry in _MIGRATIONS whenever the schema changes; stored in PRAGMA user_version.
+SCHEMA_VERSION = 2
+
 _SCHEMA = """
 PRAGMA journal_mode = WAL;
 CREATE TABLE IF NOT EXISTS calls (
@@ -38,8 +41,13 @@ CREATE TABLE IF NOT EXISTS turns (
     PRIMARY KEY (call_id, idx)
 );
 CREATE INDEX IF NOT EXISTS calls_started ON calls(started_at DESC);
-CREATE INDEX IF NOT EXISTS calls_external ON calls(external_id);
 """
+
+# version reached -> statements that bring a database of the previous version there.
+_MIGRATIONS: dict[int, tuple[str, ...]] = {
+    2: ("ALTER TABLE calls ADD COLUMN external_id TEXT",),
+}
+_POST_MIGRATION = "CREATE INDEX IF NOT EXISTS calls_external ON calls(external_id);"
 
 MAX_LIST_LIMIT = 500
 
@@ -59,7 +67,24 @@ class CallStore:
         self._db = sqlite3.connect(self._path, check_same_thread=False)
         self._db.row_factory = sqlite3.Row
         self._db.execute("PRAGMA foreign_keys = ON")
-        self._db.executescript(_SCHEMA)
+        self._migrate()
+
+    def _migrate(self) -> None:
+        assert self._db is not None
+        version = self._db.execute("PRAGMA user_version").fetchone()[0]
+        existed = self._db.execute("SELECT 1 FROM sqlite_master WHERE name = 'calls'").fetchone() is not None
+        if version > SCHEMA_VERSION:
+            raise RuntimeError(f"{self._path} has schema v{version}, newer than this Cadence (v{SCHEMA_VERSION})")
+        if not existed:
+            self._db.executescript(_SCHEMA)  # a fresh database is created at the current version
+        else:
+            # Databases from before versioning (user_version 0) had the first schema.
+            for target in range(max(version, 1) + 1, SCHEMA_VERSION + 1):
+                with self._db:
+                    for statement in _MIGRATIONS[target]:
+                        self._db.execute(statement)
+        self._db.executescript(_POST_MIGRATION)
+        self._db.execute(f"PRAGMA user_version = {SCHEMA_VERSION}")
 
     async def close(self) -> None:
         if self._db is not None:

@@ -31,6 +31,9 @@ async function startCall() {
     microphone = await navigator.mediaDevices.getUserMedia({ audio: { echoCancellation: true, noiseSuppression: true } });
     peer = new RTCPeerConnection({ iceServers: [] });
     peer.addTransceiver(microphone.getAudioTracks()[0], { direction: "sendrecv" });
+    // pipecat's SmallWebRTC clients open this channel for RTVI messages; the server queues
+    // messages for it and warns when no client ever opens one.
+    peer.createDataChannel("chat", { ordered: true });
     peer.ontrack = (event) => { remoteAudio.srcObject = event.streams[0] || new MediaStream([event.track]); };
     peer.onconnectionstatechange = () => {
       setStatus(peer ? peer.connectionState : "idle");

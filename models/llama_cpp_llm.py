@@ -65,6 +65,7 @@ class LlamaCppLLMEngine(LLMEngine):
             max_tokens=max_tokens,
             temperature=self._config.temperature,
             top_p=self._config.top_p,
+            repeat_penalty=self._config.repeat_penalty,
             stream=True,
         )
         try:

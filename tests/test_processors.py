@@ -2,7 +2,11 @@
 
 from __future__ import annotations
 
+import asyncio
+from dataclasses import dataclass
+
 from pipecat.frames.frames import (
+    SystemFrame,
     ErrorFrame,
     InputAudioRawFrame,
     LLMContextFrame,
@@ -16,7 +20,9 @@ from pipecat.frames.frames import (
     VADUserStartedSpeakingFrame,
     VADUserStoppedSpeakingFrame,
 )
+from pipecat.pipeline.pipeline import Pipeline
 from pipecat.processors.aggregators.llm_context import LLMContext
+from pipecat.processors.frame_processor import FrameProcessor
 from pipecat.tests.utils import run_test
 
 from pipelines.llm import EngineLLMService, prompt_window
@@ -120,3 +126,64 @@ async def test_tts_service_streams_engine_audio_as_tts_frames():
     audio = [f for f in down if isinstance(f, TTSAudioRawFrame)]
     assert audio and sum(len(f.audio) for f in audio) > 0
     assert engine.sentences == ["Hello there."]
+
+
+@dataclass
+class PauseMarker(SystemFrame):
+    """Stands for the VAD's pause/resume callbacks at a point in the audio stream.
+
+    A system frame, like input audio and VAD events, so it keeps its place among them."""
+
+    resumed: bool = False
+
+
+class PauseSignals(FrameProcessor):
+    """Calls STT's pause/resume hooks where a marker stands in the stream, as the VAD does.
+
+    It sits before STT and, at a marker, first lets STT consume every frame sent before it
+    (in the real pipeline the VAD runs after STT, so STT has always buffered that audio).
+    """
+
+    def __init__(self, stt: EngineSTTService) -> None:
+        super().__init__()
+        self._stt = stt
+        self._audio_bytes_sent = 0
+
+    async def process_frame(self, frame, direction):
+        await super().process_frame(frame, direction)
+        if isinstance(frame, PauseMarker):
+            for _ in range(200):  # STT takes system frames at once; this is a bound, not a timer
+                if len(self._stt._audio_buffer) >= self._audio_bytes_sent:
+                    break
+                await asyncio.sleep(0.005)
+            (self._stt.speech_resumed if frame.resumed else self._stt.speech_paused)()
+            return
+        if isinstance(frame, InputAudioRawFrame):
+            self._audio_bytes_sent += len(frame.audio)
+        await self.push_frame(frame, direction)
+
+
+def speech(n: int) -> list[InputAudioRawFrame]:
+    return [InputAudioRawFrame(audio=SPEECH_20MS, sample_rate=16_000, num_channels=1) for _ in range(n)]
+
+
+async def test_a_pause_that_ends_the_turn_reuses_the_speculative_transcript():
+    engine = ScriptedASR("book a table")
+    stt = EngineSTTService(engine, max_segment_seconds=30)
+    frames = [VADUserStartedSpeakingFrame(), *speech(20), PauseMarker(), *speech(10),
+              VADUserStoppedSpeakingFrame(stop_secs=0.4)]
+    down, _ = await run_test(Pipeline([PauseSignals(stt), stt]), frames_to_send=frames)
+    assert [f.text for f in down if isinstance(f, TranscriptionFrame)] == ["book a table"]
+    assert len(engine.heard) == 1  # transcribed once, at the pause
+    assert len(engine.heard[0]) == 20 * len(SPEECH_20MS) and stt.speculations_used == 1
+
+
+async def test_speech_after_a_pause_drops_the_speculation_and_transcribes_the_whole_turn():
+    engine = ScriptedASR("book a table for four")
+    stt = EngineSTTService(engine, max_segment_seconds=30)
+    frames = [VADUserStartedSpeakingFrame(), *speech(20), PauseMarker(), *speech(5), PauseMarker(resumed=True),
+              *speech(20), VADUserStoppedSpeakingFrame(stop_secs=0.4)]
+    down, _ = await run_test(Pipeline([PauseSignals(stt), stt]), frames_to_send=frames)
+    assert [f.text for f in down if isinstance(f, TranscriptionFrame)] == ["book a table for four"]
+    assert stt.speculations_dropped == 1 and stt.speculations_used == 0
+    assert len(engine.heard[-1]) == 45 * len(SPEECH_20MS)  # the final run saw the whole turn

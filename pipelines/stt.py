@@ -15,16 +15,26 @@ from __future__ import annotations
 import asyncio
 import gzip
 import logging
+import time
 from collections.abc import AsyncGenerator
 from dataclasses import dataclass
 
-from pipecat.frames.frames import ErrorFrame, Frame, TranscriptionFrame
+from pipecat.frames.frames import (
+    ErrorFrame,
+    Frame,
+    InputAudioRawFrame,
+    SystemFrame,
+    TranscriptionFrame,
+    VADUserStoppedSpeakingFrame,
+)
+from pipecat.processors.frame_processor import FrameDirection
 from pipecat.services.settings import STTSettings
 from pipecat.services.stt_service import SegmentedSTTService
 from pipecat.utils.time import time_now_iso8601
 
 from agent.errors import CadenceError
 from models.base import ASREngine, Transcript
+from pipelines.speech_end import silent_tail_seconds
 
 log = logging.getLogger(__name__)
 
@@ -53,13 +63,20 @@ def is_plausible(transcript: Transcript) -> bool:
 
 
 @dataclass
+class CallerSpeechEndFrame(SystemFrame):
+    """The caller's turn ended; `last_voiced_at` is the wall-clock time of its last voiced audio."""
+
+    last_voiced_at: float = 0.0
+
+
+@dataclass
 class _Speculation:
     audio_bytes: int  # how much of the turn's audio the speculative transcript covers
     task: asyncio.Task
 
 
 class EngineSTTService(SegmentedSTTService):
-    def __init__(self, engine: ASREngine, *, max_segment_seconds: float, **kwargs) -> None:
+    def __init__(self, engine: ASREngine, *, max_segment_seconds: float, clock=time.time, **kwargs) -> None:
         super().__init__(
             sample_rate=engine.sample_rate,
             trailing_silence_secs=0.0,
@@ -68,6 +85,8 @@ class EngineSTTService(SegmentedSTTService):
         )
         self._engine = engine
         self._max_segment_bytes = int(max_segment_seconds * engine.sample_rate) * _PCM16_BYTES
+        self._clock = clock
+        self._last_audio_at = 0.0  # when the newest buffered audio arrived
         self._speculation: _Speculation | None = None
         self.speculations_used = 0
         self.speculations_dropped = 0
@@ -93,6 +112,20 @@ class EngineSTTService(SegmentedSTTService):
     async def _handle_user_started_speaking(self, frame) -> None:
         self._drop_speculation()
         await super()._handle_user_started_speaking(frame)
+
+    async def process_audio_frame(self, frame: InputAudioRawFrame, direction: FrameDirection) -> None:
+        await super().process_audio_frame(frame, direction)
+        self._last_audio_at = self._clock()  # STT is the first stage after the transport: ~arrival time
+
+    async def _handle_user_stopped_speaking(self, frame: VADUserStoppedSpeakingFrame) -> None:
+        await self.push_frame(CallerSpeechEndFrame(last_voiced_at=self._last_voiced_at(frame)))
+        await super()._handle_user_stopped_speaking(frame)
+
+    def _last_voiced_at(self, frame: VADUserStoppedSpeakingFrame) -> float:
+        tail = silent_tail_seconds(bytes(self._audio_buffer), self.sample_rate) if self._audio_buffer else None
+        if tail is None:  # nothing voiced in the buffer: fall back on the VAD's own estimate
+            return frame.timestamp - frame.stop_secs
+        return self._last_audio_at - tail
 
     async def cleanup(self) -> None:
         self._drop_speculation()

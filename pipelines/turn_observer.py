@@ -19,11 +19,11 @@ from pipecat.frames.frames import (
     TTSAudioRawFrame,
     TTSStartedFrame,
     TTSTextFrame,
-    VADUserStoppedSpeakingFrame,
 )
 from pipecat.observers.base_observer import BaseObserver, FramePushed
 from pipecat.processors.frame_processor import FrameDirection, FrameProcessor
 
+from pipelines.stt import CallerSpeechEndFrame
 from pipelines.turn_timeline import Turn, TurnTimeline
 
 
@@ -42,11 +42,10 @@ class TurnObserver(BaseObserver):
 
     async def on_push_frame(self, data: FramePushed) -> None:
         frame = data.frame
-        if isinstance(frame, VADUserStoppedSpeakingFrame):
-            # The VAD decides `stop_secs` after the last voiced audio; the caller's turn
-            # ended then, and that is where TTFS starts.
+        if isinstance(frame, CallerSpeechEndFrame):
+            # TTFS starts at the caller's last voiced audio, measured by STT on the audio.
             if data.first_push:
-                self.timeline.user_stopped_speaking(frame.timestamp - frame.stop_secs)
+                self.timeline.user_stopped_speaking(frame.last_voiced_at)
             return
         if not data.first_push and not (data.source is self._output and data.direction == FrameDirection.DOWNSTREAM):
             return

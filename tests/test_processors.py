@@ -26,7 +26,7 @@ from pipecat.processors.frame_processor import FrameProcessor
 from pipecat.tests.utils import run_test
 
 from pipelines.llm import EngineLLMService, prompt_window
-from pipelines.stt import EngineSTTService, compression_ratio, is_plausible
+from pipelines.stt import CallerSpeechEndFrame, EngineSTTService, compression_ratio, is_plausible
 from pipelines.tts import EngineTTSService
 from models.base import Transcript
 from tests.fakes import ScriptedASR, ScriptedLLM, ToneTTS
@@ -81,11 +81,16 @@ def test_prompt_window_keeps_system_and_recent_turns_with_a_stable_start():
 
 async def test_stt_service_transcribes_the_vad_segment_once_it_ends():
     engine = ScriptedASR("what is the capital of france")
-    service = EngineSTTService(engine, max_segment_seconds=30)
+    service = EngineSTTService(engine, max_segment_seconds=30, clock=lambda: 1000.0)
+    silence_20ms = bytes(len(SPEECH_20MS))
     frames = [VADUserStartedSpeakingFrame()] + [
         InputAudioRawFrame(audio=SPEECH_20MS, sample_rate=16_000, num_channels=1) for _ in range(25)
-    ] + [VADUserStoppedSpeakingFrame(stop_secs=0.4)]
+    ] + [InputAudioRawFrame(audio=silence_20ms, sample_rate=16_000, num_channels=1) for _ in range(20)] + [
+        VADUserStoppedSpeakingFrame(stop_secs=0.4)]
     down, _ = await run_test(service, frames_to_send=frames)
+    # The turn's clock starts at the last voiced audio: 0.4 s of silence before the newest audio.
+    ends = [f for f in down if isinstance(f, CallerSpeechEndFrame)]
+    assert len(ends) == 1 and abs(ends[0].last_voiced_at - (1000.0 - 0.4)) < 0.011
     transcripts = [f for f in down if isinstance(f, TranscriptionFrame)]
     assert [t.text for t in transcripts] == ["what is the capital of france"]
     assert transcripts[0].finalized

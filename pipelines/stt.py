@@ -13,7 +13,6 @@ used and the wait cost no ASR time; if the caller goes on, it is dropped.
 from __future__ import annotations
 
 import asyncio
-import gzip
 import logging
 import time
 from collections.abc import AsyncGenerator
@@ -34,20 +33,14 @@ from pipecat.utils.time import time_now_iso8601
 
 from agent.errors import CadenceError
 from models.base import ASREngine, Transcript
+from models.hallucination import MAX_COMPRESSION_RATIO, compression_ratio
 from pipelines.speech_end import silent_tail_seconds
 
 log = logging.getLogger(__name__)
 
-# Whisper's own hallucination guard: text that gzips this well is a repetition loop.
-MAX_COMPRESSION_RATIO = 2.4
 # Above this mean no-speech probability, short text is most likely noise read as words.
 MAX_NO_SPEECH_PROBABILITY = 0.6
 _PCM16_BYTES = 2
-
-
-def compression_ratio(text: str) -> float:
-    raw = text.encode("utf-8")
-    return len(raw) / len(gzip.compress(raw)) if raw else 0.0
 
 
 def is_plausible(transcript: Transcript) -> bool:
@@ -147,10 +140,14 @@ class EngineSTTService(SegmentedSTTService):
             try:
                 transcript = await speculation.task
                 self.speculations_used += 1
+                log.debug("speculative transcript used (%d used, %d dropped so far)",
+                          self.speculations_used, self.speculations_dropped)
                 return transcript
             except asyncio.CancelledError:
                 if asyncio.current_task().cancelling():
                     raise
+        log.debug("no speculative transcript for this turn (%d used, %d dropped so far)",
+                  self.speculations_used, self.speculations_dropped)
         return await self._engine.transcribe(self._fit(audio))
 
     @property

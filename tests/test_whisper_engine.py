@@ -1,0 +1,49 @@
+"""The Whisper engine on the real packaged weights (base and tiny.en)."""
+
+from dataclasses import replace
+
+import numpy as np
+import pytest
+
+from agent.config import ASRConfig
+from latency_bench.audio import mulaw_decode, mulaw_encode, resample, speak
+from models.whisper_asr import WhisperASREngine, _FastResult, _looks_right
+
+pytestmark = pytest.mark.slow
+
+
+def phone_quality(text: str) -> bytes:
+    samples, rate = speak(text)
+    line = mulaw_decode(mulaw_encode(resample(samples, rate, 8000)))  # what a phone call carries
+    return resample(line, 8000, 16_000).tobytes()
+
+
+@pytest.fixture(scope="module")
+def question() -> bytes:
+    return phone_quality("What is the capital of France?")
+
+
+@pytest.mark.parametrize("model", ["package:whisper-base", "package:whisper-tiny.en"])
+@pytest.mark.parametrize("padding", [5.0, 0.0])  # trimmed window, and Whisper's full 30 s window
+async def test_transcribes_a_phone_question(model, padding, question):
+    engine = WhisperASREngine(ASRConfig(model=model, encoder_padding_seconds=padding))
+    engine.load()
+    transcript = await engine.transcribe(question)
+    words = transcript.text.lower()
+    assert "capital" in words and "france" in words, transcript.text
+    assert 1.5 < transcript.audio_seconds < 4.0
+    assert engine.fast_path_fallbacks == 0
+    await engine.close()
+
+
+async def test_silence_gives_no_words(embedded_engines):
+    transcript = await embedded_engines.asr.transcribe(np.zeros(16_000 * 2, dtype=np.int16).tobytes())
+    assert len(transcript.text.split()) <= 1
+
+
+def test_doubtful_fast_results_are_redone():
+    assert _looks_right(_FastResult("what is the capital of france", -0.2, 0.01))
+    assert not _looks_right(_FastResult("I'm sorry. " * 20, -0.1, 0.01))  # a loop
+    assert not _looks_right(_FastResult("the capital of the", -1.6, 0.01))  # low confidence
+    assert not _looks_right(_FastResult("", -0.1, 0.1))  # nothing, though it sounded like speech
+    assert _looks_right(_FastResult("", -0.1, 0.9))  # nothing, and it was silence

@@ -52,6 +52,10 @@ class LLMEngine(Engine):
     def stream_chat(self, messages: Sequence[ChatMessage], *, max_tokens: int) -> AsyncIterator[str]:
         """Streams reply text pieces. Closing the iterator early stops generation."""
 
+    async def warm_prefix(self, messages: Sequence[ChatMessage]) -> None:
+        """Hint: the next prompt will start with `messages`; an engine with a prefix cache may
+        evaluate them now, while the caller is listening, instead of during the next turn."""
+
 
 class TTSEngine(Engine):
     sample_rate: int  # output is 16-bit mono PCM at this rate

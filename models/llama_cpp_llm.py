@@ -57,6 +57,12 @@ class LlamaCppLLMEngine(LLMEngine):
         snapshot = [dict(m) for m in messages]  # the context may change while we generate
         return self._runner.stream(lambda stop: self._generate(snapshot, max_tokens, stop))
 
+    async def warm_prefix(self, messages: Sequence[ChatMessage]) -> None:
+        snapshot = [dict(m) for m in messages]
+        # One generated token evaluates the whole prefix; llama-cpp-python keeps its KV cache
+        # and reuses the longest common token prefix on the next call.
+        await self._runner.run(lambda: self._llama.create_chat_completion(messages=snapshot, max_tokens=1))
+
     def _generate(self, messages: list[ChatMessage], max_tokens: int, stop: threading.Event) -> Iterator[str]:
         if self._llama is None:
             raise RuntimeError("LlamaCppLLMEngine.load() was not called")

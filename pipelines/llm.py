@@ -6,6 +6,8 @@ frame task; closing the engine's stream then stops generation on the model threa
 
 from __future__ import annotations
 
+import asyncio
+
 from pipecat.frames.frames import Frame, LLMContextFrame, LLMFullResponseEndFrame, LLMFullResponseStartFrame
 from pipecat.processors.aggregators.llm_context import LLMContext
 from pipecat.processors.frame_processor import FrameDirection
@@ -52,6 +54,7 @@ class EngineLLMService(LLMService):
         self._engine = engine
         self._max_reply_tokens = max_reply_tokens
         self._max_history = max_history_messages
+        self._warm_task: asyncio.Task | None = None
 
     def can_generate_metrics(self) -> bool:
         return True
@@ -72,12 +75,36 @@ class EngineLLMService(LLMService):
             await self.push_frame(LLMFullResponseEndFrame())
 
     async def _generate(self, context: LLMContext) -> None:
-        messages = prompt_window(list(context.get_messages()), self._max_history)
+        history = list(context.get_messages())
+        messages = prompt_window(history, self._max_history)
         await self.start_ttfb_metrics()
         pieces = self._engine.stream_chat(messages, max_tokens=self._max_reply_tokens)
+        reply = []
         try:
             async for piece in pieces:
                 await self.stop_ttfb_metrics()
+                reply.append(piece)
                 await self._push_llm_text(piece)
         finally:
             await pieces.aclose()
+        self._maybe_warm_next_prefix(history, messages, "".join(reply))
+
+    def _maybe_warm_next_prefix(self, history: list[ChatMessage], window: list[ChatMessage], reply: str) -> None:
+        """If the next turn's window will start later than this one's, its prompt shares no
+        cached prefix with this one: have the engine evaluate it now, while the caller listens."""
+        following = history + [{"role": "assistant", "content": reply}, {"role": "user", "content": ""}]
+        next_window = prompt_window(following, self._max_history)[:-1]
+        if next_window[: len(window)] != window:  # not a continuation: the window moved
+            if self._warm_task is None or self._warm_task.done():
+                self._warm_task = self.create_task(self._warm(next_window), name="llm-warm-prefix")
+
+    async def cleanup(self) -> None:
+        if self._warm_task is not None:
+            await self.cancel_task(self._warm_task)
+        await super().cleanup()
+
+    async def _warm(self, messages: list[ChatMessage]) -> None:
+        try:
+            await self._engine.warm_prefix(messages)
+        except CadenceError:
+            pass  # only a hint: a busy engine skips it

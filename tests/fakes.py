@@ -30,6 +30,7 @@ class ScriptedLLM(LLMEngine):
         self.delay_s = delay_s
         self.refuse = refuse
         self.prompts: list[list[ChatMessage]] = []
+        self.warmed: list[list[ChatMessage]] = []
         self.closed_early = 0
 
     def load(self) -> None:
@@ -48,6 +49,9 @@ class ScriptedLLM(LLMEngine):
         finally:
             if sent < len(self.pieces[:max_tokens]):
                 self.closed_early += 1
+
+    async def warm_prefix(self, messages: Sequence[ChatMessage]) -> None:
+        self.warmed.append(list(messages))
 
 
 class ToneTTS(TTSEngine):

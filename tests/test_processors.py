@@ -52,6 +52,19 @@ async def test_llm_service_streams_the_reply_between_start_and_end_frames():
     assert engine.prompts[0][0]["role"] == "system"
 
 
+async def test_llm_service_warms_the_next_prompt_only_when_the_history_window_moves():
+    engine = ScriptedLLM(["Sure."])
+    service = EngineLLMService(engine, max_reply_tokens=50, max_history_messages=4)
+    short = context_with(("user", "hi"))
+    full = context_with(("user", "a"), ("assistant", "b"), ("user", "c"), ("assistant", "d"), ("user", "e"))
+    await run_test(service, frames_to_send=[LLMContextFrame(short)])
+    assert engine.warmed == []  # the next prompt extends this one: the cache already holds it
+    service = EngineLLMService(engine, max_reply_tokens=50, max_history_messages=4)
+    await run_test(service, frames_to_send=[LLMContextFrame(full)])
+    # Next turn: 7 dialogue messages, window of 4 starting at a step of 2 -> from "e" on.
+    assert [m["content"] for m in engine.warmed[0]] == ["be brief", "e", "Sure."]
+
+
 async def test_llm_service_turns_an_overloaded_engine_into_an_error_not_a_crash():
     service = EngineLLMService(ScriptedLLM([], refuse=True), max_reply_tokens=50, max_history_messages=4)
     down, up = await run_test(

@@ -36,6 +36,7 @@ class TurnResult:
     clear_events: int = 0
     barge_in_started_at: float | None = None
     cleared_at: float | None = None
+    late_reply_bytes: int = 0  # reply audio still arriving after the `clear` (should be ~0)
 
     @property
     def ttfs_seconds(self) -> float | None:
@@ -101,6 +102,7 @@ class _Turns:
     def __init__(self) -> None:
         self.all: list[TurnResult] = []
         self.reply_target: TurnResult | None = None
+        self.cleared: TurnResult | None = None  # the turn whose reply a `clear` cut off
 
     def begin(self, turn: TurnResult, *, barging_in: bool) -> None:
         self.all.append(turn)
@@ -114,6 +116,8 @@ class _Turns:
     def on_media(self, mulaw: bytes, now: float) -> None:
         turn = self.reply_target
         if turn is None:  # audio of a reply the caller's barge-in cleared, still in flight
+            if self.cleared is not None:
+                self.cleared.late_reply_bytes += len(mulaw)
             return
         if turn.first_reply_at is None:
             turn.first_reply_at = now
@@ -122,12 +126,16 @@ class _Turns:
 
     def on_clear(self, now: float) -> None:
         target = self.reply_target
-        if target is not None:
-            target.clear_events += 1
-            if target.cleared_at is None:
-                target.cleared_at = now
+        if target is None:
+            return
+        target.clear_events += 1
+        if target.barge_in_started_at is None:
+            return  # pipecat also clears when any caller turn starts; only a barge-in's clear counts
+        if target.cleared_at is None:
+            target.cleared_at = now
         # After a clear, audio belongs to the newest turn (whose speech may still be going).
         if self.all and self.all[-1] is not target:
+            self.cleared = target
             self.reply_target = None
 
 
@@ -168,7 +176,9 @@ async def call(
                 turns.begin(turn, barging_in=barging_in)
                 turn.speech_end_sent_at = await line.send_audio(samples)
                 turns.speech_ended(turn)
-                await _wait_for_reply_end(line, turn, reply_timeout_s, reply_quiet_s)
+                barge_in_next = barge_in_after_s is not None and i + 1 < len(utterances)
+                if not barge_in_next:  # else the next utterance talks over this reply
+                    await _wait_for_reply_end(line, turn, reply_timeout_s, reply_quiet_s)
             await ws.send(json.dumps({"event": "stop", "streamSid": stream_sid}))
         except websockets.ConnectionClosed:
             pass

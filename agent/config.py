@@ -90,7 +90,7 @@ class LLMConfig:
     # "package:<name>", a local GGUF path, or "hf:<repo_id>/<filename>".
     model: str = "package:smollm2-135m-instruct"
     context_tokens: int = 2048
-    max_reply_tokens: int = 96
+    max_reply_tokens: int = 64  # ~10 s of speech; a phone reply longer than that loses the caller
     temperature: float = 0.3
     top_p: float = 0.9
     # Small models loop ("and the ocean, and the ocean, ..."); this keeps replies short and sane.

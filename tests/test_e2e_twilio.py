@@ -14,6 +14,7 @@ import httpx
 import numpy as np
 import pytest
 
+from tests.call_checks import assert_answered_capital_question, wait_until_ended
 from latency_bench import twilio_caller
 from latency_bench.audio import mulaw_decode, resample, speak
 
@@ -45,25 +46,8 @@ async def test_phone_call_gets_a_spoken_english_reply(server, embedded_engines):
     async with httpx.AsyncClient(base_url=server.base_url) as http:
         calls = (await http.get("/api/calls")).json()["calls"]
         assert len(calls) == 1 and calls[0]["transport"] == "twilio"
-        call = await _wait_until_ended(http, calls[0]["id"])
-    assert call["end_reason"] == "caller_hung_up"
-    stored = call["turns"][0]
-    assert stored["ttfs_ms"] is not None and 0 < stored["ttfs_ms"] < 10_000
-    assert set(stored["stage_ms"]) == {"asr_final", "llm_first_token", "first_sentence", "tts_first_audio",
-                                       "first_audio_sent"}
-    stages = [stored["stage_ms"][s] for s in ("asr_final", "llm_first_token", "first_sentence", "first_audio_sent")]
-    assert stages == sorted(stages), f"stages out of order: {stored['stage_ms']}"
-    assert "capital" in stored["user_text"].lower() or "france" in stored["user_text"].lower()
-    assert stored["reply_text"]
+        call = await wait_until_ended(http, calls[0]["id"])
+    assert_answered_capital_question(call)
 
     metrics = (await httpx.AsyncClient(base_url=server.base_url).get("/metrics")).text
     assert 'cadence_ttfs_seconds_count{transport="twilio"} 1.0' in metrics
-
-
-async def _wait_until_ended(http: httpx.AsyncClient, call_id: str, timeout_s: float = 10.0) -> dict:
-    for _ in range(int(timeout_s / 0.1)):
-        call = (await http.get(f"/api/calls/{call_id}")).json()
-        if not call["live"] and call.get("ended_at"):
-            return call
-        await asyncio.sleep(0.1)
-    raise AssertionError(f"call {call_id} did not end")

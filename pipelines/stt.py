@@ -90,6 +90,9 @@ class EngineSTTService(SegmentedSTTService):
             return
         audio = bytes(self._audio_buffer)
         task = self.create_task(self._engine.transcribe(self._fit(audio)), name="speculative-asr")
+        # A dropped guess may have failed (engine busy); mark its error seen so asyncio does not
+        # report it. A guess that is used re-raises its error where it is awaited.
+        task.add_done_callback(lambda t: t.cancelled() or t.exception())
         self._speculation = _Speculation(audio_bytes=len(audio), task=task)
 
     def speech_resumed(self) -> None:

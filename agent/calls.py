@@ -94,20 +94,28 @@ class CallManager:
 
     async def run(self, call: ActiveCall, transport: BaseTransport, *, output_sample_rate: int,
                   enable_rtvi: bool = False) -> None:
-        await self._store.call_started(call.id, self._config.agent.name, call.transport, call.started_at,
-                                       call.external_id)
         try:
+            await self._store.call_started(call.id, self._config.agent.name, call.transport, call.started_at,
+                                           call.external_id)
             call.voice = build_voice_call(
                 transport, engines=self._engines, config=self._config, output_sample_rate=output_sample_rate,
                 on_turn_closed=lambda turn: self._turn_closed(call, turn), enable_rtvi=enable_rtvi,
             )
+            @call.voice.task.event_handler("on_idle_timeout")
+            async def _on_idle(_task) -> None:  # pipecat then cancels the pipeline itself
+                if call.end_reason == "completed":
+                    call.end_reason = "idle_timeout"
+
             runner = WorkerRunner(handle_sigint=False, handle_sigterm=False)
             await runner.add_workers(call.voice.task)
             log.info("call %s started (%s)", call.id, call.transport)
-            await asyncio.wait_for(runner.run(), timeout=self._config.limits.max_call_seconds)
-        except asyncio.TimeoutError:
-            call.end_reason = "max_duration"
-            await self._cancel_task(call)
+            # A watchdog, not wait_for: pipecat's runner finishes normally when cancelled, and
+            # wait_for then returns as if the call had simply ended.
+            watchdog = asyncio.create_task(self._hang_up_after(call, self._config.limits.max_call_seconds))
+            try:
+                await runner.run()
+            finally:
+                watchdog.cancel()
         except asyncio.CancelledError:
             call.end_reason = call.end_reason if call.end_reason != "completed" else "cancelled"
             await self._cancel_task(call)
@@ -124,6 +132,11 @@ class CallManager:
                 await asyncio.wait_for(asyncio.shield(call.voice.task.cancel()), CANCEL_GRACE_SECONDS)
             except (asyncio.TimeoutError, asyncio.CancelledError):
                 log.warning("call %s did not unwind within %.0f s", call.id, CANCEL_GRACE_SECONDS)
+
+    async def _hang_up_after(self, call: ActiveCall, seconds: float) -> None:
+        await asyncio.sleep(seconds)
+        log.info("call %s reached its %.0f s limit", call.id, seconds)
+        await self.hang_up(call, "max_duration")
 
     async def hang_up(self, call: ActiveCall, reason: str) -> None:
         """Ends a call from outside its pipeline (caller hung up, too many bad messages)."""

@@ -154,6 +154,32 @@ async def test_calls_beyond_capacity_are_refused_with_try_again_later(server_con
         await closed_with(first)
 
 
+async def test_a_call_is_hung_up_at_its_maximum_duration(server_config, embedded_engines, server_errors):
+    config = replace(server_config, limits=replace(server_config.limits, max_call_seconds=1.5))
+    with running_server(config, embedded_engines) as srv:
+        ws = await open_call(srv.ws_url)
+        code, _ = await closed_with(ws, timeout_s=10)
+        assert code is not None  # the server ended it; the caller did nothing
+        await wait_for_no_calls(srv.base_url)
+        async with httpx.AsyncClient(base_url=srv.base_url) as http:
+            calls = (await http.get("/api/calls")).json()["calls"]
+        assert calls[0]["end_reason"] == "max_duration"
+        assert 1.5 <= calls[0]["ended_at"] - calls[0]["started_at"] < 8
+    assert not [r for r in server_errors if "Traceback" in r or "[traceback]" in r]
+
+
+async def test_a_silent_call_is_hung_up_after_the_idle_timeout(server_config, embedded_engines, server_errors):
+    config = replace(server_config, limits=replace(server_config.limits, idle_timeout_seconds=1.5))
+    with running_server(config, embedded_engines) as srv:
+        ws = await open_call(srv.ws_url)
+        code, _ = await closed_with(ws, timeout_s=15)
+        assert code is not None
+        await wait_for_no_calls(srv.base_url)
+        async with httpx.AsyncClient(base_url=srv.base_url) as http:
+            assert (await http.get("/api/calls")).json()["calls"][0]["end_reason"] == "idle_timeout"
+    assert not [r for r in server_errors if "Traceback" in r or "[traceback]" in r]
+
+
 async def test_browser_origins_are_refused_on_the_phone_socket(server):
     with pytest.raises(websockets.InvalidStatus):
         await websockets.connect(f"{server.ws_url}/ws/twilio", origin="https://evil.example")

@@ -116,6 +116,7 @@ class CallManager:
                 await runner.run()
             finally:
                 watchdog.cancel()
+                await asyncio.gather(watchdog, return_exceptions=True)
         except asyncio.CancelledError:
             call.end_reason = call.end_reason if call.end_reason != "completed" else "cancelled"
             await self._cancel_task(call)

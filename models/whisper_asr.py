@@ -123,7 +123,8 @@ class WhisperASREngine(ASREngine):
             suppress_tokens=get_suppressed_tokens(tokenizer, (-1,)),
         )[0]
         ids = [t for t in result.sequences_ids[0] if t < tokenizer.eot]
-        # CTranslate2's score is the sum of log-probabilities over the length: the mean.
+        # CTranslate2's score is the summed log-probability divided by the length (length
+        # penalty 1): the mean log-probability Whisper's threshold is defined on.
         return _FastResult(tokenizer.decode(ids).strip(), float(result.scores[0]), float(result.no_speech_prob))
 
     def _decode_full_window(self, audio: np.ndarray, prompt: str | None) -> tuple[str, float | None]:

@@ -11,9 +11,8 @@ chunks stay whole sentences, which voices phrase better.
 
 from __future__ import annotations
 
-from pipecat.utils.text.base_text_aggregator import Aggregation
+from pipecat.utils.text.base_text_aggregator import Aggregation, TextType
 from pipecat.utils.text.simple_text_aggregator import SimpleTextAggregator
-from pipecat.utils.text.base_text_aggregator import TextType
 
 CLAUSE_BREAKS = (",", ";", ":", "—")
 # Words a spoken phrase naturally starts with: a pause before them sounds intended.
@@ -51,7 +50,7 @@ def split_first_phrase(
     return None
 
 
-class FirstClauseAggregator(SimpleTextAggregator):
+class FirstPhraseAggregator(SimpleTextAggregator):
     def __init__(self, *, min_words: int = MIN_FIRST_PHRASE_WORDS, max_words: int = MAX_FIRST_PHRASE_WORDS,
                  **kwargs) -> None:
         super().__init__(**kwargs)
@@ -64,8 +63,8 @@ class FirstClauseAggregator(SimpleTextAggregator):
         if result is None and not self._released_in_reply:
             split = split_first_phrase(self._text, self._min_words, self._max_words)
             if split is not None:
-                clause, self._text = split
-                result = Aggregation(text=clause, type=TextType.SENTENCE)
+                phrase, self._text = split
+                result = Aggregation(text=phrase, type=TextType.SENTENCE)
         if result is not None:
             self._released_in_reply = True
         return result

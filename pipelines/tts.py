@@ -14,7 +14,7 @@ from pipecat.services.tts_service import TTSService
 
 from agent.errors import CadenceError
 from models.base import TTSEngine
-from pipelines.text_chunking import FirstClauseAggregator
+from pipelines.text_chunking import FirstPhraseAggregator
 
 
 class EngineTTSService(TTSService):
@@ -27,8 +27,8 @@ class EngineTTSService(TTSService):
         )
         self._engine = engine
         # pipecat 1.14 has no constructor argument for the aggregator; this replaces the
-        # default sentence aggregator with one that also releases a reply's first clause.
-        self._text_aggregator = FirstClauseAggregator()
+        # default sentence aggregator with one that also releases a reply's first phrase early.
+        self._text_aggregator = FirstPhraseAggregator()
 
     def can_generate_metrics(self) -> bool:
         return True

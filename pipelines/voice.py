@@ -66,7 +66,7 @@ def build_voice_call(
             stop_secs=config.vad.stop_secs,
             min_volume=config.vad.min_volume,
         ),
-        # At or past stop_secs the turn is over anyway: speculation off.
+        # speculate_after_secs = 0 turns speculation off: a pause that never comes.
         pause_secs=config.asr.speculate_after_secs if config.asr.speculate_after_secs > 0 else float("inf"),
         on_pause=stt.speech_paused,
         on_resume=stt.speech_resumed,

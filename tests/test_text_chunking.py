@@ -2,7 +2,7 @@ import pytest
 from pipecat.frames.frames import LLMFullResponseEndFrame, LLMFullResponseStartFrame, LLMTextFrame, TTSTextFrame
 from pipecat.tests.utils import run_test
 
-from pipelines.text_chunking import FirstClauseAggregator, split_first_phrase
+from pipelines.text_chunking import FirstPhraseAggregator, split_first_phrase
 from pipelines.tts import EngineTTSService
 from tests.fakes import ToneTTS
 
@@ -31,7 +31,7 @@ async def collect(aggregator, pieces):
 
 
 async def test_only_the_first_phrase_of_a_reply_is_released_early():
-    aggregator = FirstClauseAggregator()
+    aggregator = FirstPhraseAggregator()
     pieces = ["The sky", " is blue", " because", " of Rayleigh", " scattering, which", " is neat. Bye", " now."]
     chunks = await collect(aggregator, pieces)
     assert chunks == ["The sky is blue", "because of Rayleigh scattering, which is neat.", "Bye now."]

@@ -15,7 +15,8 @@ import websockets
 from loguru import logger
 
 from latency_bench import twilio_caller
-from latency_bench.audio import resample, speak
+from latency_bench.audio import mulaw_encode, resample, speak
+from latency_bench.conversation import PlannedTurn
 from tests.conftest import running_server
 
 pytestmark = pytest.mark.slow
@@ -228,7 +229,7 @@ async def test_a_caller_who_vanishes_mid_reply_leaves_a_stored_turn_and_a_health
         frame = question[start:start + twilio_caller.FRAME_SAMPLES]
         frame = np.pad(frame, (0, twilio_caller.FRAME_SAMPLES - len(frame)))
         await ws.send(json.dumps({"event": "media", "media": {
-            "payload": base64.b64encode(twilio_caller.mulaw_encode(frame)).decode()}}))
+            "payload": base64.b64encode(mulaw_encode(frame)).decode()}}))
         await asyncio.sleep(twilio_caller.FRAME_SECONDS)
         if got_audio.is_set():
             break
@@ -244,6 +245,7 @@ async def test_a_caller_who_vanishes_mid_reply_leaves_a_stored_turn_and_a_health
     assert call["end_reason"] == "caller_hung_up"
     assert len(call["turns"]) == 1 and call["turns"][0]["ttfs_ms"] is not None
     # The server keeps serving: a new call works end to end.
-    result = await twilio_caller.call(f"{server.ws_url}/ws/twilio", [question[: 8000 * 2]])
-    assert result.turns[0].first_reply_at is not None
+    result = await twilio_caller.call(f"{server.ws_url}/ws/twilio",
+                                      [PlannedTurn.of(question[: 8000 * 2], twilio_caller.PHONE_RATE)])
+    assert result.turns[0].first_audible_at is not None
     assert not [r for r in server_errors if "Traceback" in r or "[traceback]" in r]

@@ -16,30 +16,33 @@ import pytest
 
 from tests.call_checks import assert_answered_capital_question, wait_until_ended
 from latency_bench import twilio_caller
-from latency_bench.audio import mulaw_decode, resample, speak
+from latency_bench.audio import resample, speak
+from latency_bench.conversation import PlannedTurn
 
 pytestmark = [pytest.mark.e2e, pytest.mark.slow]
 
 QUESTION = "Hello. What is the capital of France?"
 
 
-def phone_audio(text: str) -> np.ndarray:
+def spoken(text: str) -> PlannedTurn:
     samples, rate = speak(text)
-    return resample(samples, rate, twilio_caller.PHONE_RATE)
+    return PlannedTurn.of(samples, rate, text)
 
 
-async def transcribe_reply(engines, mulaw: bytes) -> str:
-    pcm16 = resample(mulaw_decode(mulaw), twilio_caller.PHONE_RATE, engines.asr.sample_rate)
+async def transcribe_reply(engines, phone_audio: np.ndarray) -> str:
+    pcm16 = resample(phone_audio, twilio_caller.PHONE_RATE, engines.asr.sample_rate)
     return (await engines.asr.transcribe(pcm16.tobytes())).text
 
 
 async def test_phone_call_gets_a_spoken_english_reply(server, embedded_engines):
-    result = await twilio_caller.call(f"{server.ws_url}/ws/twilio", [phone_audio(QUESTION)])
+    result = await twilio_caller.call(f"{server.ws_url}/ws/twilio", [spoken(QUESTION)], keep_audio=True)
 
-    turn = result.turns[0]
-    assert turn.first_reply_at is not None, "no reply audio came back"
-    assert turn.reply_seconds > 0.5
-    heard = await transcribe_reply(embedded_engines, bytes(turn.reply_mulaw))
+    turn, = result.turns
+    assert turn.error is None and turn.first_audible_at is not None, "no reply audio came back"
+    assert turn.reply_audio_seconds > 0.5
+    assert 0 < turn.ttfb_ms <= turn.ttfs_ms < 10_000, f"caller-side TTFB {turn.ttfb_ms} ms, TTFS {turn.ttfs_ms} ms"
+    assert turn.underruns == 0, f"the reply had {turn.underruns} audible holes on an idle server"
+    heard = await transcribe_reply(embedded_engines, turn.reply_audio())
     words = re.findall(r"[a-zA-Z']{2,}", heard)
     assert len(words) >= 2, f"reply did not sound like English: {heard!r}"
 

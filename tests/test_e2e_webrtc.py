@@ -23,6 +23,7 @@ import pytest
 from tests.call_checks import assert_answered_capital_question, wait_until_ended
 from latency_bench import webrtc_caller
 from latency_bench.audio import resample, speak
+from latency_bench.conversation import PlannedTurn
 
 pytestmark = [pytest.mark.e2e, pytest.mark.slow]
 
@@ -38,12 +39,14 @@ def loopback_ice_only(monkeypatch):
 
 async def test_webrtc_call_gets_a_spoken_english_reply(server, embedded_engines):
     samples, rate = speak(QUESTION)
-    result = await webrtc_caller.call(f"{server.base_url}/api/offer", samples, rate)
+    result = await webrtc_caller.call(f"{server.base_url}/api/offer", [PlannedTurn.of(samples, rate, QUESTION)],
+                                      keep_audio=True)
 
-    assert result.first_reply_at is not None, "no reply audio came back"
-    assert result.reply_seconds > 0.5
-    assert 0 < result.ttfs_seconds < 10, f"caller-side TTFS {result.ttfs_seconds:.3f} s"
-    pcm16 = resample(result.reply_audio, webrtc_caller.REPLY_RATE, embedded_engines.asr.sample_rate)
+    turn, = result.turns
+    assert turn.error is None and turn.first_audible_at is not None, "no reply audio came back"
+    assert turn.reply_audio_seconds > 0.5
+    assert 0 < turn.ttfb_ms <= turn.ttfs_ms < 10_000, f"caller-side TTFB {turn.ttfb_ms} ms, TTFS {turn.ttfs_ms} ms"
+    pcm16 = resample(turn.reply_audio(), result.reply_rate, embedded_engines.asr.sample_rate)
     heard = (await embedded_engines.asr.transcribe(pcm16.tobytes())).text
     words = re.findall(r"[a-zA-Z']{2,}", heard)
     assert len(words) >= 2, f"reply did not sound like English: {heard!r}"

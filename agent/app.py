@@ -17,7 +17,9 @@ from fastapi.staticfiles import StaticFiles
 
 from agent.calls import CallManager
 from agent.config import CadenceConfig
+from agent.dashboard import dashboard_router
 from agent.errors import BadSignalingError, CapacityError
+from agent.events import TurnEvents
 from agent.metrics import CadenceMetrics
 from agent.store import CallStore
 from agent.transports.twilio import CLOSE_TRY_LATER, handle_twilio_call
@@ -41,7 +43,9 @@ def create_app(config: CadenceConfig, *, engines: Engines | None = None, engines
     engines = engines or registry.build_engines(config)
     metrics = CadenceMetrics()
     store = CallStore(config.store.path)
-    manager = CallManager(config, engines, store, metrics)
+    events = TurnEvents(on_drop=metrics.dashboard_dropped.inc)
+    metrics.track_dashboard_streams(lambda: events.subscriber_count, lambda: events.max_backlog)
+    manager = CallManager(config, engines, store, metrics, events=events)
     webrtc = WebRTCCalls(manager, config, metrics)
     readiness = Readiness()
     for name, engine in (("asr", engines.asr), ("llm", engines.llm), ("tts", engines.tts)):
@@ -65,12 +69,13 @@ def create_app(config: CadenceConfig, *, engines: Engines | None = None, engines
         try:
             yield
         finally:
+            events.close()
             loader.cancel()
             await manager.shutdown()
             await store.close()
 
     app = FastAPI(title="Cadence", lifespan=lifespan)
-    app.state.manager, app.state.metrics, app.state.store = manager, metrics, store
+    app.state.manager, app.state.metrics, app.state.store, app.state.events = manager, metrics, store, events
 
     @app.get("/healthz")
     async def healthz() -> dict:
@@ -143,6 +148,8 @@ def create_app(config: CadenceConfig, *, engines: Engines | None = None, engines
     async def index() -> FileResponse:
         return FileResponse(FRONTEND_DIR / "index.html")
 
+    app.include_router(dashboard_router(store=store, manager=manager, events=events, engines=engines,
+                                        page=FRONTEND_DIR / "dashboard.html"))
     app.mount("/static", StaticFiles(directory=FRONTEND_DIR), name="static")
     return app
 

@@ -19,8 +19,9 @@ from pipecat.transports.base_transport import BaseTransport
 
 from agent.config import CadenceConfig
 from agent.errors import CapacityError
+from agent.events import TurnEvents
 from agent.metrics import CadenceMetrics
-from agent.store import CallStore, turn_to_dict
+from agent.store import CallStore, turn_summary, turn_to_dict
 from pipelines.turn_timeline import Turn
 from pipelines.voice import Engines, VoiceCall, build_voice_call
 
@@ -47,15 +48,21 @@ class ActiveCall:
                 "started_at": self.started_at, "live": True,
                 "turns": [turn_to_dict(t) for t in turns]}
 
+    def progress(self) -> dict[str, Any]:
+        """What a dashboard shows of a call in progress: no transcript."""
+        turns = self.voice.observer.timeline.turns if self.voice else []
+        return {"id": self.id, "transport": self.transport, "started_at": self.started_at, "turns": len(turns)}
+
 
 class CallManager:
     def __init__(self, config: CadenceConfig, engines: Engines, store: CallStore, metrics: CadenceMetrics,
-                 clock: Callable[[], float] = time.time) -> None:
+                 clock: Callable[[], float] = time.time, events: TurnEvents | None = None) -> None:
         self._config = config
         self._engines = engines
         self._store = store
         self._metrics = metrics
         self._clock = clock
+        self._events = events  # closed turns are published here for live dashboards
         self._active: dict[str, ActiveCall] = {}
         self._tasks: set[asyncio.Task] = set()
 
@@ -65,6 +72,11 @@ class CallManager:
 
     def live(self, call_id: str) -> ActiveCall | None:
         return self._active.get(call_id)
+
+    def in_progress(self) -> list[dict[str, Any]]:
+        """Every admitted call, oldest first, with this server's agent name."""
+        calls = sorted(self._active.values(), key=lambda c: c.started_at)
+        return [{**c.progress(), "agent": self._config.agent.name} for c in calls]
 
     def admit(self, transport: str) -> ActiveCall:
         """Reserves a call slot now (before any slow setup), or refuses with CapacityError."""
@@ -148,6 +160,8 @@ class CallManager:
 
     def _turn_closed(self, call: ActiveCall, turn: Turn) -> None:
         self._metrics.observe_turn(turn, call.transport)
+        if self._events is not None:
+            self._events.publish(turn_summary(call.id, self._config.agent.name, call.transport, turn))
         write = asyncio.get_running_loop().create_task(self._store.save_turn(call.id, turn))
         call.pending_writes.add(write)
         write.add_done_callback(call.pending_writes.discard)

@@ -34,17 +34,11 @@ def main(argv: list[str] | None = None) -> int:
         print(f"cadence: {exc}", file=sys.stderr)
         return 2
 
-    import uvicorn
-
     from agent.app import create_app
+    from agent.serve import cadence_server
 
-    uvicorn.run(
-        create_app(config),
-        host=config.server.host,
-        port=config.server.port,
-        ws_max_size=config.server.max_ws_message_bytes,
-        log_level=args.log_level,
-    )
+    cadence_server(create_app(config), config, host=config.server.host, port=config.server.port,
+                   log_level=args.log_level).run()
     return 0
 
 

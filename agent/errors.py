@@ -3,10 +3,11 @@
     CadenceError                 base; `retryable` says whether the same request may succeed later
     ├── ConfigError              the configuration is invalid; fix the YAML or the flags
     ├── ModelAssetError          weights missing or corrupt (sha256 mismatch); reinstall the package
-    ├── CapacityError            the server is at its admitted call limit; retry later (retryable)
+    ├── CapacityError            a limit is reached (calls, engine queue, dashboard streams); retry later (retryable)
     └── BadInputError            a caller sent something we cannot accept; the call may go on
         ├── BadMediaError        audio payload undecodable or of the wrong size
-        └── BadSignalingError    malformed JSON event or SDP
+        ├── BadSignalingError    malformed JSON event or SDP
+        └── BadQueryError        an HTTP query parameter is malformed or out of range (-> 400)
 
 Messages say what went wrong and what to do, and never carry secrets or transcripts.
 """
@@ -37,4 +38,8 @@ class BadMediaError(BadInputError):
 
 
 class BadSignalingError(BadInputError):
+    pass
+
+
+class BadQueryError(BadInputError):
     pass

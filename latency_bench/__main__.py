@@ -1,117 +1,147 @@
-"""`python -m latency_bench run --url URL [--callers N] [--turns K] [--out DIR]`
+"""latency_bench: time to first sentence as callers hear it, under load.
 
-Synthetic phone callers over the Twilio protocol; prints TTFS as callers hear it
-(p50/p95) next to the server's own per-stage times for the same turns.
-This is the foundation's measuring stick; the full bench (WebRTC, ramps, plots,
-capacity, stock-pipecat comparison) is tracked separately.
+    python -m latency_bench run --url URL --transport twilio|webrtc --callers N --turns K [--ramp] --out DIR
+    python -m latency_bench capacity [--url URL] --transport twilio --turns K [--slo-ms 1500] --out DIR
+    python -m latency_bench compare --callers N --turns K --out DIR
+
+`run` measures N synthetic callers (with --ramp: 1, 2, 4, ... N in turn); `capacity`
+raises the number of callers until TTFS p95 breaks the SLO or replies underrun;
+`compare` runs one scenario against Cadence and against a stock pipecat pipeline on
+the same models, both started by the bench, and prints ours / stock.
+Each writes DIR/results.json and PNG plots, and prints a JSON summary.
 """
 
 from __future__ import annotations
 
 import argparse
 import asyncio
+import contextlib
 import json
-import statistics
 import sys
+from dataclasses import replace
 from pathlib import Path
 
-import httpx
-
-from latency_bench import twilio_caller
-from latency_bench.audio import resample, speak
-
-QUESTIONS = (
-    "What is the capital of France?",
-    "Can you tell me a fun fact about the ocean?",
-    "How far away is the moon?",
-    "What should I cook for dinner tonight?",
-    "Why is the sky blue?",
-    "What time does the sun usually set in summer?",
-    "Recommend a good book for a long flight.",
-    "How do I make a cup of green tea?",
-)
-VOICES = ("en-us", "en-gb", "en-us+f3")
+from latency_bench import bench, report, servers
+from latency_bench.capacity import SLO, find_capacity
+from latency_bench.stats import summarize
 
 
-def percentile(values: list[float], q: float) -> float | None:
-    if not values:
-        return None
-    ordered = sorted(values)
-    index = min(len(ordered) - 1, max(0, round(q / 100 * (len(ordered) - 1))))
-    return ordered[index]
+def headline(results: dict) -> dict:
+    """The figures a person reads: per level, caller-side TTFS and the failure counts."""
+    def brief(summary: dict) -> dict:
+        caller = summary["caller"]
+        return {"turns": summary["turns"], "errors": summary["errors"],
+                "turns_with_underruns": summary["turns_with_underruns"],
+                "ttfs_ms": {q: caller["ttfs_ms"][q] for q in ("p50", "p95", "p99")},
+                "ttfb_ms_p50": caller["ttfb_ms"]["p50"],
+                "barge_in_stop_ms_p50": caller["barge_in_stop_ms"]["p50"],
+                "server_ttfs_ms_p50": summary["server_ttfs_ms"]["p50"],
+                "server_stage_ms_p50": {s: d["p50"] for s, d in summary["server_stage_ms"].items()}}
+    return {"levels": [{"callers": lv["callers"], **brief(lv["summary"])} for lv in results["levels"]],
+            "all": brief(results["summary"])}
 
 
-def prepare_utterances(turns: int, offset: int) -> list:
-    utterances = []
-    for i in range(turns):
-        samples, rate = speak(QUESTIONS[(offset + i) % len(QUESTIONS)], voice=VOICES[(offset + i) % len(VOICES)])
-        utterances.append(resample(samples, rate, twilio_caller.PHONE_RATE))
-    return utterances
+def _scenario(args) -> bench.Scenario:
+    return bench.Scenario(url=getattr(args, "url", None) or "", transport=args.transport, turns=args.turns,
+                          seed=args.seed, barge_in_every=args.barge_in_every)
 
 
-async def run(url: str, callers: int, turns: int, out: Path | None) -> dict:
-    ws_url = url.replace("http://", "ws://").replace("https://", "wss://").rstrip("/") + "/ws/twilio"
-    await wait_until_ready(url)
-    plans = [prepare_utterances(turns, offset=c * turns) for c in range(callers)]
-    results = await asyncio.gather(*(twilio_caller.call(ws_url, plan) for plan in plans))
-    await asyncio.sleep(1.0)  # let the server persist the last turns
-    async with httpx.AsyncClient(base_url=url, timeout=10) as http:
-        details = []
-        for result in results:
-            found = (await http.get("/api/calls", params={"external_id": result.call_sid})).json()["calls"]
-            if found:
-                details.append((await http.get(f"/api/calls/{found[0]['id']}")).json())
-    client_ttfs = [t.ttfs_seconds * 1000 for r in results for t in r.turns if t.ttfs_seconds is not None]
-    server_turns = [t for d in details for t in d.get("turns", [])]
-    stage_medians = {}
-    for stage in ("asr_final", "llm_first_token", "first_sentence", "tts_first_audio", "first_audio_sent"):
-        values = [t["stage_ms"][stage] for t in server_turns if stage in t["stage_ms"]]
-        stage_medians[stage] = statistics.median(values) if values else None
-    summary = {
-        "callers": callers,
-        "turns_per_caller": turns,
-        "turns_measured": len(client_ttfs),
-        "turns_without_reply": sum(1 for r in results for t in r.turns if t.ttfs_seconds is None),
-        "calls_closed_early": [r.close_code for r in results if len(r.turns) < turns],
-        "client_ttfs_ms": {"p50": percentile(client_ttfs, 50), "p95": percentile(client_ttfs, 95),
-                           "min": min(client_ttfs, default=None), "max": max(client_ttfs, default=None)},
-        "server_ttfs_ms": {"p50": percentile([t["ttfs_ms"] for t in server_turns if t["ttfs_ms"]], 50),
-                           "p95": percentile([t["ttfs_ms"] for t in server_turns if t["ttfs_ms"]], 95)},
-        "server_stage_median_ms": stage_medians,
-    }
-    if out is not None:
-        out.mkdir(parents=True, exist_ok=True)
-        turns_out = [{"caller": i, "ttfs_ms": None if t.ttfs_seconds is None else t.ttfs_seconds * 1000,
-                      "reply_seconds": t.reply_seconds} for i, r in enumerate(results) for t in r.turns]
-        (out / "results.json").write_text(json.dumps({"summary": summary, "turns": turns_out,
-                                                      "server_calls": details}, indent=2))
-    return summary
+def cmd_run(args) -> dict:
+    levels = bench.ramp_levels(args.callers) if args.ramp else [args.callers]
+    results = asyncio.run(bench.run(_scenario(args), levels, progress=not args.quiet))
+    report.write(args.out, results)
+    return headline(results)
 
 
-async def wait_until_ready(url: str, timeout_s: float = 120.0) -> None:
-    async with httpx.AsyncClient(base_url=url, timeout=5) as http:
-        for _ in range(int(timeout_s / 0.5)):
-            try:
-                if (await http.get("/readyz")).status_code == 200:
-                    return
-            except httpx.TransportError:
-                pass
-            await asyncio.sleep(0.5)
-    raise SystemExit(f"{url} did not become ready within {timeout_s:.0f} s")
+def cmd_capacity(args) -> dict:
+    slo = SLO(ttfs_p95_ms=args.slo_ms)
+    with contextlib.ExitStack() as stack:
+        url = args.url or stack.enter_context(servers.cadence(args.out, max_calls=args.max_callers))
+        scenario = replace(_scenario(args), url=url)
+
+        async def level(callers: int) -> dict:
+            await bench.wait_until_ready(url)
+            return (await bench.run(scenario, [callers], progress=not args.quiet))["levels"][0]
+
+        found = asyncio.run(find_capacity(level, slo, start=args.start, step=args.step, max_callers=args.max_callers))
+    results = {"scenario": {**vars(args), "out": str(args.out)}, "capacity": {k: v for k, v in found.items()
+                                                                                if k != "levels"},
+               "levels": found["levels"],
+               "summary": summarize([t for lv in found["levels"] for t in lv["turns"]])}
+    report.write(args.out, results)
+    return {"sustained_callers": found["sustained_callers"], "slo": found["slo"], "stopped_by": found["stopped_by"],
+            **headline(results)}
+
+
+def cmd_compare(args) -> dict:
+    scenario = _scenario(args)
+    levels = [args.callers]
+    outcomes = {}
+    ours_out, stock_out = args.out / "cadence", args.out / "stock-pipecat"
+    with contextlib.ExitStack() as stack:
+        url = args.ours_url or stack.enter_context(servers.cadence(ours_out, max_calls=max(4, args.callers)))
+        outcomes["cadence"] = asyncio.run(bench.run(replace(scenario, url=url), levels, progress=not args.quiet))
+    report.write(ours_out, outcomes["cadence"])
+    with servers.stock_pipecat(stock_out, turn_stop=args.stock_turn_stop, stop_secs=args.stock_stop_secs) as url:
+        outcomes["stock"] = asyncio.run(bench.run(replace(scenario, url=url), levels, progress=not args.quiet))
+    report.write(stock_out, outcomes["stock"])
+    ours, stock = (outcomes[k]["summary"]["caller"]["ttfs_ms"] for k in ("cadence", "stock"))
+    ratio = {q: (round(ours[q] / stock[q], 3) if ours[q] and stock[q] else None) for q in ("p50", "p95")}
+    comparison = {"callers": args.callers, "turns_per_caller": args.turns, "transport": args.transport,
+                  "stock_turn_stop": args.stock_turn_stop,
+                  "cadence_ttfs_ms": {q: ours[q] for q in ("p50", "p95", "p99")},
+                  "stock_ttfs_ms": {q: stock[q] for q in ("p50", "p95", "p99")},
+                  "ratio_ours_over_stock": ratio,
+                  "errors": {k: v["summary"]["errors"] for k, v in outcomes.items()},
+                  "cadence": headline(outcomes["cadence"])["all"], "stock": headline(outcomes["stock"])["all"]}
+    args.out.mkdir(parents=True, exist_ok=True)
+    (args.out / "comparison.json").write_text(json.dumps(comparison, indent=2))
+    return comparison
 
 
 def main(argv: list[str] | None = None) -> int:
-    parser = argparse.ArgumentParser(prog="latency_bench")
+    parser = argparse.ArgumentParser(prog="python -m latency_bench", description=__doc__.split("\n\n")[0])
     sub = parser.add_subparsers(dest="command", required=True)
-    run_p = sub.add_parser("run", help="measure TTFS with synthetic phone callers")
-    run_p.add_argument("--url", default="http://127.0.0.1:8000")
-    run_p.add_argument("--transport", default="twilio", choices=["twilio"])
+
+    def common(p, *, url_required: bool) -> None:
+        p.add_argument("--url", required=url_required, help="server base URL, e.g. http://127.0.0.1:8000")
+        p.add_argument("--transport", default="twilio", choices=["twilio", "webrtc"])
+        p.add_argument("--turns", type=int, default=5, help="turns per caller")
+        p.add_argument("--seed", type=int, default=0, help="voices, questions and pauses are fixed by it")
+        p.add_argument("--barge-in-every", type=int, default=0, metavar="K",
+                       help="every K-th turn talks over the previous reply (0: never)")
+        p.add_argument("--out", type=Path, required=True, help="folder for results.json and plots")
+        p.add_argument("--quiet", action="store_true", help="no progress bar")
+
+    run_p = sub.add_parser("run", help="N callers (or a ramp up to N) against a running server")
+    common(run_p, url_required=True)
     run_p.add_argument("--callers", type=int, default=1)
-    run_p.add_argument("--turns", type=int, default=10)
-    run_p.add_argument("--out", type=Path)
+    run_p.add_argument("--ramp", action="store_true", help="levels 1, 2, 4, ... up to --callers")
+    cap_p = sub.add_parser("capacity", help="largest sustained concurrency within the SLO")
+    common(cap_p, url_required=False)
+    cap_p.add_argument("--slo-ms", type=float, default=1500.0, help="TTFS p95 SLO (default 1500 ms, for CPU)")
+    cap_p.add_argument("--start", type=int, default=1)
+    cap_p.add_argument("--step", type=int, default=1)
+    cap_p.add_argument("--max-callers", type=int, default=16)
+    cmp_p = sub.add_parser("compare", help="Cadence against a stock pipecat pipeline on the same models")
+    common(cmp_p, url_required=False)
+    cmp_p.set_defaults(transport="twilio")
+    cmp_p.add_argument("--callers", type=int, default=1)
+    cmp_p.add_argument("--ours-url", help="a running Cadence server (default: the bench starts one)")
+    cmp_p.add_argument("--stock-turn-stop", choices=["smart-turn", "vad"], default="smart-turn",
+                       help="pipecat's default end-of-turn (smart-turn v3) or a plain VAD timeout")
+    cmp_p.add_argument("--stock-stop-secs", type=float, default=0.4)
     args = parser.parse_args(argv)
-    summary = asyncio.run(run(args.url, args.callers, args.turns, args.out))
-    print(json.dumps(summary, indent=2))
+    if getattr(args, "callers", 1) < 1 or args.turns < 1:
+        parser.error("--callers and --turns must be at least 1")
+    if args.command == "compare" and args.transport != "twilio":
+        parser.error("compare runs over the phone transport (the baseline serves /ws/twilio only)")
+    command = {"run": cmd_run, "capacity": cmd_capacity, "compare": cmd_compare}[args.command]
+    try:
+        print(json.dumps(command(args), indent=2))
+    except (TimeoutError, RuntimeError, ConnectionError) as exc:
+        print(f"latency_bench: {exc}", file=sys.stderr)
+        return 1
     return 0
 
 

@@ -1,0 +1,102 @@
+"""Servers the bench starts itself: Cadence, and the stock-pipecat baseline with its LLM server.
+
+Each runs as a child process on a free loopback port, logs to a file in the output
+folder, and is stopped (SIGTERM, then SIGKILL) when the `with` block ends.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import os
+import signal
+import socket
+import subprocess
+import sys
+import time
+from collections.abc import Iterator
+from pathlib import Path
+
+import httpx
+import yaml
+
+from agent.config import load_config
+from models.assets import default_cache_dir, resolve_local
+
+REPO = Path(__file__).resolve().parent.parent
+DEFAULT_CONFIG = REPO / "configs" / "default.yaml"
+STOP_GRACE_S = 10.0
+
+
+def free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+@contextlib.contextmanager
+def child(argv: list[str], log_path: Path, ready_url: str, *, timeout_s: float = 300.0) -> Iterator[str]:
+    """Starts `argv`, waits until `ready_url` answers 200, yields it; always stops the process."""
+    log_path.parent.mkdir(parents=True, exist_ok=True)
+    with open(log_path, "wb") as log:
+        process = subprocess.Popen(argv, cwd=REPO, stdout=log, stderr=subprocess.STDOUT, start_new_session=True)
+    try:
+        deadline = time.monotonic() + timeout_s
+        while True:
+            if process.poll() is not None:
+                raise RuntimeError(f"{argv[2] if len(argv) > 2 else argv[0]} exited with {process.returncode}; "
+                                   f"see {log_path}")
+            try:
+                if httpx.get(ready_url, timeout=2).status_code == 200:
+                    break
+            except httpx.TransportError:
+                pass
+            if time.monotonic() > deadline:
+                raise TimeoutError(f"{ready_url} not ready within {timeout_s:.0f} s; see {log_path}")
+            time.sleep(0.5)
+        yield ready_url
+    finally:
+        _stop(process)
+
+
+def _stop(process: subprocess.Popen) -> None:
+    if process.poll() is not None:
+        return
+    os.killpg(process.pid, signal.SIGTERM)
+    try:
+        process.wait(STOP_GRACE_S)
+    except subprocess.TimeoutExpired:
+        os.killpg(process.pid, signal.SIGKILL)
+        process.wait()
+
+
+@contextlib.contextmanager
+def cadence(out: Path, *, max_calls: int, config: Path = DEFAULT_CONFIG) -> Iterator[str]:
+    """Cadence's own server on `config`, admitting `max_calls` calls, with a store in `out`."""
+    out.mkdir(parents=True, exist_ok=True)
+    data = yaml.safe_load(config.read_text()) or {}
+    data.setdefault("server", {})["max_concurrent_calls"] = max_calls
+    data.setdefault("store", {})["path"] = str(out / "cadence-bench.sqlite3")
+    bench_config = out / "cadence-bench.yaml"
+    bench_config.write_text(yaml.safe_dump(data))
+    port = free_port()
+    with child([sys.executable, "-m", "agent.cli", "serve", "--config", str(bench_config), "--host", "127.0.0.1",
+                "--port", str(port), "--log-level", "warning"], out / "cadence.log",
+               f"http://127.0.0.1:{port}/readyz"):
+        yield f"http://127.0.0.1:{port}"
+
+
+@contextlib.contextmanager
+def stock_pipecat(out: Path, *, turn_stop: str = "smart-turn", stop_secs: float = 0.4) -> Iterator[str]:
+    """llama-cpp-python's OpenAI-compatible server on the same GGUF, and the stock pipeline on it."""
+    cadence_config = load_config(DEFAULT_CONFIG)
+    gguf = resolve_local(cadence_config.llm.model, default_cache_dir())
+    out.mkdir(parents=True, exist_ok=True)
+    llm_port, port = free_port(), free_port()
+    llm_argv = [sys.executable, "-m", "llama_cpp.server", "--model", str(gguf), "--host", "127.0.0.1",
+                "--port", str(llm_port), "--n_ctx", str(cadence_config.llm.context_tokens),
+                "--n_threads", str(cadence_config.llm.threads), "--model_alias", "smollm2"]
+    with child(llm_argv, out / "stock-llm.log", f"http://127.0.0.1:{llm_port}/v1/models"):
+        with child([sys.executable, "-m", "latency_bench.stock_pipecat", "--port", str(port),
+                    "--llm-url", f"http://127.0.0.1:{llm_port}/v1", "--turn-stop", turn_stop,
+                    "--stop-secs", str(stop_secs)], out / "stock-pipecat.log", f"http://127.0.0.1:{port}/readyz"):
+            yield f"http://127.0.0.1:{port}"

@@ -1,0 +1,82 @@
+"""Summaries of bench turns: percentiles per caller-side metric and per server stage."""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Iterable
+
+CALLER_METRICS = ("ttfs_ms", "ttfb_ms", "reply_seconds", "underruns", "barge_in_stop_ms")
+STAGES = ("asr_final", "llm_first_token", "first_sentence", "tts_first_audio", "first_audio_sent")
+QUANTILES = (50, 95, 99)
+
+
+def percentile(values: Iterable[float], q: float) -> float | None:
+    """Linear-interpolated percentile (numpy's default); None for no values."""
+    ordered = sorted(v for v in values if v is not None)
+    if not ordered:
+        return None
+    position = (len(ordered) - 1) * q / 100
+    low, high = math.floor(position), math.ceil(position)
+    return ordered[low] + (ordered[high] - ordered[low]) * (position - low)
+
+
+def distribution(values: Iterable[float | None]) -> dict:
+    present = [v for v in values if v is not None]
+    summary: dict = {"n": len(present)}
+    for q in QUANTILES:
+        value = percentile(present, q)
+        summary[f"p{q}"] = None if value is None else round(value, 1)
+    summary["mean"] = round(sum(present) / len(present), 1) if present else None
+    summary["max"] = round(max(present), 1) if present else None
+    return summary
+
+
+def summarize(turns: list[dict]) -> dict:
+    """`turns` as `TurnRecord.to_json()` gives them, with `server` joined where found."""
+    answered = [t for t in turns if t["error"] is None]
+    summary = {
+        "turns": len(turns),
+        "errors": len(turns) - len(answered),
+        "error_kinds": _count(t["error"] for t in turns if t["error"]),
+        "turns_with_underruns": sum(1 for t in turns if t["underruns"]),
+        "caller": {m: distribution(t[m] for t in turns) for m in CALLER_METRICS},
+        "server_stage_ms": {s: distribution(_stage(t, s) for t in turns) for s in STAGES},
+        "server_ttfs_ms": distribution((t["server"] or {}).get("ttfs_ms") for t in turns),
+        "turns_joined_with_server": sum(1 for t in turns if t["server"]),
+    }
+    return summary
+
+
+def median_turn(turns: list[dict]) -> dict | None:
+    """The turn whose caller-side TTFS is the median (lower middle), with server stages known."""
+    timed = sorted((t for t in turns if t["ttfs_ms"] is not None and t["server"]), key=lambda t: t["ttfs_ms"])
+    return timed[(len(timed) - 1) // 2] if timed else None
+
+
+def _stage(turn: dict, stage: str) -> float | None:
+    return ((turn["server"] or {}).get("stage_ms") or {}).get(stage)
+
+
+def _count(items: Iterable[str]) -> dict[str, int]:
+    counts: dict[str, int] = {}
+    for item in items:
+        counts[item] = counts.get(item, 0) + 1
+    return counts
+
+
+def join_server_turns(caller_turns: list[dict], server_turns: list[dict], *, tolerance_s: float = 1.0) -> None:
+    """Pairs each caller turn with the server turn whose end of speech is nearest in time.
+
+    Caller and server read the same wall clock here; the server measures the end of
+    speech on the audio it received, within tens of ms of when the caller sent it.
+    Order alone is not enough: a barge-in or a lost turn shifts indexes.
+    """
+    free = list(server_turns)
+    for turn in caller_turns:
+        if turn.get("speech_end_at") is None:
+            continue
+        best = min(free, key=lambda s: abs(s["end_of_speech_at"] - turn["speech_end_at"]), default=None)
+        if best is not None and abs(best["end_of_speech_at"] - turn["speech_end_at"]) <= tolerance_s:
+            turn["server"] = {k: best[k] for k in ("index", "user_text", "reply_text", "interrupted",
+                                                   "stage_ms", "ttfs_ms") if k in best}
+            free.remove(best)

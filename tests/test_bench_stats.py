@@ -1,0 +1,123 @@
+"""Bench summaries, the capacity search, caller plans and plots, on made-up turns."""
+
+import asyncio
+
+import pytest
+
+from latency_bench import report
+from latency_bench.bench import ramp_levels
+from latency_bench.capacity import SLO, find_capacity, verdict
+from latency_bench.conversation import plan_caller
+from latency_bench.listen import is_audible
+from latency_bench.speech import MAX_UTTERANCE_S, MIN_UTTERANCE_S, QUESTIONS, available_voices, synthesize
+from latency_bench.stats import join_server_turns, median_turn, percentile, summarize
+
+
+def caller_turn(ttfs, *, end_at=100.0, error=None, underruns=0, barge_stop=None):
+    return {"caller": 0, "turn": 0, "transport": "twilio", "voice": "v", "text": "q", "utterance_seconds": 2.0,
+            "speech_end_at": end_at, "error": error, "ttfs_ms": ttfs, "ttfb_ms": None if ttfs is None else ttfs - 5,
+            "reply_seconds": 2.0, "underruns": underruns, "underrun_seconds": 0.0, "barge_in_stop_ms": barge_stop,
+            "barged_in": barge_stop is not None, "late_reply_seconds": 0.0, "server": None}
+
+
+def server_turn(index, end_at, ttfs=900.0):
+    return {"index": index, "user_text": "q", "reply_text": "a", "interrupted": False, "end_of_speech_at": end_at,
+            "stage_ms": {"asr_final": 300.0, "llm_first_token": 500.0, "first_sentence": 600.0,
+                         "tts_first_audio": 880.0, "first_audio_sent": 890.0}, "ttfs_ms": ttfs}
+
+
+def test_percentile_interpolates_like_numpy():
+    assert percentile([1, 2, 3, 4], 50) == 2.5
+    assert percentile([10], 99) == 10
+    assert percentile([], 50) is None
+    assert percentile([5, None, 1], 100) == 5
+
+
+def test_summary_counts_errors_and_underruns_and_ignores_unanswered_turns_in_ttfs():
+    turns = [caller_turn(1000), caller_turn(2000, underruns=2), caller_turn(None, error="no reply within 20 s")]
+    s = summarize(turns)
+    assert s["turns"] == 3 and s["errors"] == 1 and s["error_kinds"] == {"no reply within 20 s": 1}
+    assert s["turns_with_underruns"] == 1
+    assert s["caller"]["ttfs_ms"]["n"] == 2 and s["caller"]["ttfs_ms"]["p50"] == 1500
+
+
+def test_server_turns_join_by_end_of_speech_time_not_by_order():
+    turns = [caller_turn(1000, end_at=100.0), caller_turn(1000, end_at=110.0), caller_turn(1000, end_at=130.0)]
+    # The server missed the second turn: its indexes no longer line up with the caller's.
+    join_server_turns(turns, [server_turn(0, 100.05), server_turn(1, 129.9)])
+    assert turns[0]["server"]["index"] == 0
+    assert turns[1]["server"] is None
+    assert turns[2]["server"]["index"] == 1
+
+
+def test_median_turn_is_the_middle_one_with_server_stages():
+    turns = [caller_turn(t, end_at=float(i)) for i, t in enumerate((900, 1500, 1100))]
+    join_server_turns(turns, [server_turn(i, float(i)) for i in range(3)])
+    assert median_turn(turns)["ttfs_ms"] == 1100
+
+
+def test_verdict_names_each_reason_a_level_is_not_sustained():
+    ok = summarize([caller_turn(1000)] * 5)
+    assert verdict(ok, SLO(ttfs_p95_ms=1500)) == []
+    slow = summarize([caller_turn(1000)] * 4 + [caller_turn(3000, underruns=1, error=None)])
+    reasons = verdict(slow, SLO(ttfs_p95_ms=1500))
+    assert any("p95" in r for r in reasons) and any("underrun" in r for r in reasons)
+
+
+async def test_capacity_is_the_last_level_within_the_slo():
+    async def level(callers):
+        ttfs = 800 + 250 * callers  # 1 -> 1050, 2 -> 1300, 3 -> 1550 ms
+        return {"callers": callers, "summary": summarize([caller_turn(ttfs)] * 4)}
+
+    found = await find_capacity(level, SLO(ttfs_p95_ms=1500), max_callers=8)
+    assert found["sustained_callers"] == 2
+    assert found["stopped_by"]["callers"] == 3
+    assert [lv["sustained"] for lv in found["levels"]] == [True, True, False]
+
+
+async def test_capacity_reports_reaching_the_maximum():
+    async def level(callers):
+        return {"callers": callers, "summary": summarize([caller_turn(500)] * 2)}
+
+    found = await find_capacity(level, SLO(), start=2, step=2, max_callers=6)
+    assert found["sustained_callers"] == 6 and found["reached_max"]
+
+
+def test_ramp_levels_double_up_to_the_maximum():
+    assert ramp_levels(1) == [1]
+    assert ramp_levels(8) == [1, 2, 4, 8]
+    assert ramp_levels(6) == [1, 2, 4, 6]
+
+
+def test_caller_plans_are_reproducible_and_barge_in_where_asked():
+    a = plan_caller(1, 6, seed=3, barge_in_every=3)
+    b = plan_caller(1, 6, seed=3, barge_in_every=3)
+    assert [(p.utterance.text, p.pause_before_s) for p in a] == [(p.utterance.text, p.pause_before_s) for p in b]
+    assert [p.barge_in_after_s is not None for p in a] == [False, False, False, True, False, False]
+    assert all(0.5 <= p.pause_before_s <= 2.0 for p in a[1:])
+    other = plan_caller(2, 6, seed=3)
+    assert a[0].utterance.voice != other[0].utterance.voice  # callers sound different
+
+
+@pytest.mark.slow
+def test_every_voice_says_every_question_in_two_to_six_seconds():
+    voices = available_voices()
+    assert {v.engine for v in voices} >= {"espeak-ng", "flite"}, "make deps installs espeak-ng and flite"
+    for voice in voices:
+        for question in QUESTIONS:
+            u = synthesize(question, voice)
+            assert MIN_UTTERANCE_S <= u.seconds <= MAX_UTTERANCE_S, (voice, question, u.seconds)
+            edge = u.rate // 100  # silent edges trimmed: the first and last 10 ms are speech
+            assert is_audible(u.samples[:edge], u.rate) and is_audible(u.samples[-edge:], u.rate)
+
+
+def test_report_writes_results_and_three_plots(tmp_path):
+    turns = [caller_turn(t, end_at=float(i)) for i, t in enumerate((900, 1500, 1100, 1000))]
+    join_server_turns(turns, [server_turn(i, float(i)) for i in range(4)])
+    levels = [{"callers": 1, "summary": summarize(turns[:2]), "turns": turns[:2]},
+              {"callers": 2, "summary": summarize(turns[2:]), "turns": turns[2:]}]
+    written = report.write(tmp_path, {"levels": levels, "summary": summarize(turns)})
+    assert sorted(p.name for p in written) == ["median_turn_waterfall.png", "results.json",
+                                                "ttfs_distribution.png", "ttfs_vs_callers.png"]
+    for png in written[1:]:
+        assert png.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n" and png.stat().st_size > 5000

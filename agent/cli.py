@@ -1,4 +1,4 @@
-"""`cadence serve [--config FILE] [--host H] [--port P]`"""
+"""`cadence serve [--config FILE] [--host H] [--port P]` and `cadence bench tts-codec [--json]`"""
 
 from __future__ import annotations
 
@@ -20,9 +20,17 @@ def main(argv: list[str] | None = None) -> int:
     serve.add_argument("--host", help="bind address (overrides server.host)")
     serve.add_argument("--port", type=int, help="port (overrides server.port)")
     serve.add_argument("--log-level", default="info", choices=["debug", "info", "warning", "error"])
+    bench = sub.add_parser("bench", help="component benchmarks")
+    bench_sub = bench.add_subparsers(dest="bench", required=True)
+    codec = bench_sub.add_parser("tts-codec", help="streaming SNAC decode vs the public sliding-window decoder")
+    codec.add_argument("--json", action="store_true", help="print one JSON object")
+    codec.add_argument("--quick", action="store_true", help="fewer batch sizes and shorter streams")
     args = parser.parse_args(argv)
+    if args.command == "bench":
+        return _bench(args)
 
     logging.basicConfig(level=args.log_level.upper(), format="%(asctime)s %(levelname)s %(name)s: %(message)s")
+    _quiet_loguru(args.log_level)
     overrides = {}
     if args.host:
         overrides["server__host"] = args.host
@@ -39,6 +47,29 @@ def main(argv: list[str] | None = None) -> int:
 
     cadence_server(create_app(config), config, host=config.server.host, port=config.server.port,
                    log_level=args.log_level).run()
+    return 0
+
+
+def _quiet_loguru(level: str) -> None:
+    """pipecat logs through loguru at DEBUG by default: a line per frame event per call,
+    which costs CPU under load and floods the log. Hold it to the server's log level."""
+    from loguru import logger
+
+    logger.remove()
+    logger.add(sys.stderr, level=level.upper())
+
+
+def _bench(args) -> int:
+    import json
+
+    from models.orpheus import codec_bench
+
+    result = codec_bench.run(quick=args.quick)
+    if args.json:
+        print(json.dumps(result))
+    else:
+        for key, value in result.items():
+            print(f"{key:45s} {value}")
     return 0
 
 

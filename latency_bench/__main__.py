@@ -1,7 +1,7 @@
 """latency_bench: time to first sentence as callers hear it, under load.
 
     python -m latency_bench run --url URL --transport twilio|webrtc --callers N --turns K [--ramp] --out DIR
-    python -m latency_bench capacity [--url URL] --transport twilio --turns K [--slo-ms 1500] --out DIR
+    python -m latency_bench capacity [--url URL] --transport twilio [--min-turns 20] [--slo-ms 1500] --out DIR
     python -m latency_bench compare --callers N --turns K --out DIR
 
 `run` measures N synthetic callers (with --ramp: 1, 2, 4, ... N in turn); `capacity`
@@ -61,7 +61,9 @@ def cmd_capacity(args) -> dict:
 
         async def level(callers: int) -> dict:
             await bench.wait_until_ready(url)
-            return (await bench.run(scenario, [callers], progress=not args.quiet))["levels"][0]
+            # A p95 needs samples: every level measures at least --min-turns turns in all.
+            turns = max(args.turns, -(-args.min_turns // callers))
+            return (await bench.run(replace(scenario, turns=turns), [callers], progress=not args.quiet))["levels"][0]
 
         found = asyncio.run(find_capacity(level, slo, start=args.start, step=args.step, max_callers=args.max_callers))
     results = {"scenario": {**vars(args), "out": str(args.out)}, "capacity": {k: v for k, v in found.items()
@@ -120,6 +122,8 @@ def main(argv: list[str] | None = None) -> int:
     cap_p = sub.add_parser("capacity", help="largest sustained concurrency within the SLO")
     common(cap_p, url_required=False)
     cap_p.add_argument("--slo-ms", type=float, default=1500.0, help="TTFS p95 SLO (default 1500 ms, for CPU)")
+    cap_p.add_argument("--min-turns", type=int, default=20,
+                       help="turns measured per level at least (a p95 of a handful of turns is its maximum)")
     cap_p.add_argument("--start", type=int, default=1)
     cap_p.add_argument("--step", type=int, default=1)
     cap_p.add_argument("--max-callers", type=int, default=16)

@@ -70,8 +70,11 @@ async def converse(
     transport: str = "",
     reply_timeout_s: float = 20.0,
     reply_quiet_s: float = 1.5,
+    max_reply_s: float = 60.0,
     on_turn: Callable[[TurnRecord], None] | None = None,
 ) -> list[TurnRecord]:
+    """Goes through `plan`. A turn fails if no reply is heard within `reply_timeout_s` of the
+    caller's end of speech, or if the reply is still going `max_reply_s` after it began."""
     for i, planned in enumerate(plan):
         barging_in = planned.barge_in_after_s is not None and i > 0 and bool(tracker.turns)
         if barging_in:
@@ -89,10 +92,10 @@ async def converse(
             if on_turn:
                 on_turn(turn)
             continue
-        replied = await _until(line, lambda: _reply_over(turn, reply_quiet_s), reply_timeout_s)
-        if not replied:
-            turn.error = (f"no reply within {reply_timeout_s:.0f} s" if turn.first_audible_at is None
-                          else f"reply still going after {reply_timeout_s:.0f} s")
+        if not await _until(line, lambda: turn.first_audible_at is not None, reply_timeout_s):
+            turn.error = f"no reply within {reply_timeout_s:.0f} s"
+        elif not await _until(line, lambda: _reply_over(turn, reply_quiet_s), max_reply_s):
+            turn.error = f"reply still going after {max_reply_s:.0f} s"
         if on_turn:
             on_turn(turn)
     return tracker.turns

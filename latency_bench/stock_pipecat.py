@@ -21,6 +21,7 @@ from __future__ import annotations
 import argparse
 import asyncio
 import logging
+import sys
 from pathlib import Path
 
 import uvicorn
@@ -122,6 +123,10 @@ def main() -> None:
     parser.add_argument("--turn-stop", choices=["smart-turn", "vad"], default="smart-turn")
     parser.add_argument("--stop-secs", type=float, default=0.4)
     args = parser.parse_args()
+    from loguru import logger
+
+    logger.remove()  # as for Cadence's server: pipecat's DEBUG logging would cost CPU under load
+    logger.add(sys.stderr, level="WARNING")
     app = create_app(args.llm_url, turn_stop=args.turn_stop, stop_secs=args.stop_secs)
     uvicorn.run(app, host=args.host, port=args.port, log_level="warning")
 

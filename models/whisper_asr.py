@@ -31,6 +31,16 @@ WHISPER_WINDOW_SECONDS = 30.0
 MEL_FRAMES_PER_SECOND = 100  # Whisper's hop is 10 ms
 # Whisper's text context is 448 tokens; half is its default sample length.
 MAX_DECODE_TOKENS = 224
+# Speech runs at most ~5 tokens a second; a decode past this budget is a repetition loop,
+# and letting it run to 224 tokens cost ~0.6 s on 2 cores before the loop was even judged.
+TOKENS_PER_SECOND_BUDGET = 8
+# A loop or low-confidence greedy decode is retried by sampling (Whisper's own temperature
+# fallback), still on the short window: ~0.3 s, against ~0.75 s for the full window.
+RETRY_TEMPERATURE = 0.4
+
+
+def decode_token_budget(audio_seconds: float) -> int:
+    return min(MAX_DECODE_TOKENS, 12 + int(audio_seconds * TOKENS_PER_SECOND_BUDGET))
 
 
 def pcm16_to_float32(pcm16: bytes) -> np.ndarray:
@@ -52,6 +62,7 @@ class WhisperASREngine(ASREngine):
         self._model = None
         self._tokenizer = None
         self._runner = ModelRunner("asr", max_waiting=max_waiting)
+        self.fast_path_retries = 0  # fast-path results redone by sampling on the short window
         self.fast_path_fallbacks = 0  # fast-path results redone on the full window
 
     @property
@@ -92,9 +103,15 @@ class WhisperASREngine(ASREngine):
         fast = None
         if self._config.encoder_padding_seconds > 0 and seconds + self._config.encoder_padding_seconds < WHISPER_WINDOW_SECONDS:
             fast = self._decode_trimmed_window(audio, prompt)
+            if not _looks_right(fast) and fast.text:
+                log.debug("trimmed-window decode rejected (%r, logprob %.2f); retrying at temperature %.1f",
+                          fast.text[:80], fast.avg_logprob, RETRY_TEMPERATURE)
+                self.fast_path_retries += 1
+                fast = self._decode_trimmed_window(audio, prompt, temperature=RETRY_TEMPERATURE)
             if not _looks_right(fast):
                 self.fast_path_fallbacks += 1
-                log.debug("trimmed-window decode rejected (logprob %.2f); using the full window", fast.avg_logprob)
+                log.debug("trimmed-window decode rejected (%r, logprob %.2f, no-speech %.2f); using the full window",
+                          fast.text[:80], fast.avg_logprob, fast.no_speech_probability)
                 fast = None
         if fast is not None:
             text, no_speech = fast.text, fast.no_speech_probability
@@ -103,7 +120,7 @@ class WhisperASREngine(ASREngine):
         return Transcript(text=text, audio_seconds=seconds, compute_seconds=time.perf_counter() - started,
                           language=self._config.language, no_speech_probability=no_speech)
 
-    def _decode_trimmed_window(self, audio: np.ndarray, prompt: str | None) -> _FastResult:
+    def _decode_trimmed_window(self, audio: np.ndarray, prompt: str | None, temperature: float = 0.0) -> _FastResult:
         import ctranslate2
         from faster_whisper.transcribe import get_suppressed_tokens
 
@@ -118,9 +135,12 @@ class WhisperASREngine(ASREngine):
             tokens = [tokenizer.sot_prev] + tokenizer.encode(" " + prompt.strip())[-(MAX_DECODE_TOKENS - 1):]
         tokens += list(tokenizer.sot_sequence) + [tokenizer.no_timestamps]
         result = self._model.model.generate(
-            features, [tokens], beam_size=self._config.beam_size, max_length=MAX_DECODE_TOKENS,
+            features, [tokens], beam_size=1 if temperature > 0 else self._config.beam_size,
+            max_length=len(tokens) + decode_token_budget(len(audio) / self.sample_rate),  # includes the prompt
             return_scores=True, return_no_speech_prob=True, suppress_blank=True,
             suppress_tokens=get_suppressed_tokens(tokenizer, (-1,)),
+            # topk 0 samples from the whole distribution; topk 1 (the default) is greedy.
+            sampling_topk=0 if temperature > 0 else 1, sampling_temperature=temperature or 1.0,
         )[0]
         ids = [t for t in result.sequences_ids[0] if t < tokenizer.eot]
         # CTranslate2's score is the summed log-probability divided by the length (length

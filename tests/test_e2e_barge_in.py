@@ -62,14 +62,16 @@ async def test_caller_speech_stops_the_reply_and_the_context_keeps_only_what_was
             await asyncio.sleep(0.1)
     interrupted = call["turns"][0]
     assert interrupted["interrupted"] is True
-    spoken = interrupted["reply_text"]
-    assert spoken, f"nothing recorded as spoken before the barge-in: {interrupted}"
+    # What was spoken before the barge-in: a phrase or, if the first phrase was still playing,
+    # nothing. Either way the LLM context's reply for that turn is exactly that, not the
+    # long story the LLM generated.
+    spoken = interrupted["reply_text"] or ""
 
-    # The LLM context's reply for that turn is what was spoken, not what was generated.
     final = contexts[-1]
-    assistant_replies = [m["content"] for m in final if m["role"] == "assistant"]
-    assert assistant_replies, final
-    assert _words(assistant_replies[0]) == _words(spoken)
+    users = [i for i, m in enumerate(final) if m["role"] == "user"]
+    assert len(users) >= 2, final
+    first_reply = " ".join(m["content"] for m in final[users[0] + 1 : users[1]] if m["role"] == "assistant")
+    assert _words(first_reply) == _words(spoken), (first_reply, spoken)
     heard_seconds = first.reply_audio_seconds
     assert heard_seconds < BARGE_IN_AFTER_S + 1.5 + 0.5, f"{heard_seconds:.1f} s of reply played after the barge-in"
 

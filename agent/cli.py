@@ -29,6 +29,7 @@ def main(argv: list[str] | None = None) -> int:
     codec.add_argument("--max-streams", type=int, default=32, help="stop the real-time stream search here")
     codec.add_argument("--batches", default="1,2,4,8,16", help="batch sizes whose throughput is measured")
     codec.add_argument("--compile", action="store_true", help="torch.compile the decoder (each shape compiles once)")
+    codec.add_argument("--trials", type=int, default=3, help="runs per stream count in the real-time search (median)")
     args = parser.parse_args(argv)
     if args.command == "bench":
         return _bench(args)
@@ -70,7 +71,7 @@ def _bench(args) -> int:
 
     batches = tuple(int(b) for b in args.batches.split(","))
     result = codec_bench.run(quick=args.quick, device=args.device, max_streams=args.max_streams, batches=batches,
-                             compile=args.compile)
+                             compile=args.compile, trials=args.trials)
     if args.json:
         print(json.dumps(result))
     else:

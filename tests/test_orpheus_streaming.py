@@ -1,5 +1,6 @@
-"""Streaming SNAC decode: the window plan (pure), and the real SNAC 24 kHz architecture with
-random weights: streamed audio matches an offline decode, every frame exactly once."""
+"""Streaming SNAC decode on the real SNAC 24 kHz architecture with random weights: the exact
+streaming decoder (cached convolution state) against the offline decode, the batching
+service, and the stream driver (head start, steady start, barge-in)."""
 
 from __future__ import annotations
 
@@ -11,51 +12,31 @@ import pytest
 import torch
 
 from agent.errors import CapacityError
-from models.orpheus.codec_bench import baseline_stream_decode, tokens_before_first_audio
 from models.orpheus import snac_codes_to_tokens
+from models.orpheus.codec_bench import baseline_stream_decode, exact_stream_decode
 from models.orpheus.decode_service import DecodeServiceConfig, SnacDecodeService
-from models.orpheus.engine import stream_audio
 from models.orpheus.snac_decoder import frames_tensor, load_snac, receptive_field_frames, snr_db
-from models.orpheus.streaming import StreamPlan, WindowPlanner, stream_decode
+from models.orpheus.snac_stream import SnacStreamer
+from models.orpheus.streaming import FRAME_SECONDS, StreamPlan, StreamStats, stream_audio
 from models.orpheus.tokens import END_OF_SPEECH, SAMPLES_PER_FRAME, frames_to_levels
 
-STREAMED_SNR_FLOOR_DB = 45.0  # the whole stream, first frame (1 frame of look-ahead) included
-STEADY_SNR_FLOOR_DB = 75.0  # every frame after the first (2 frames of context either side)
-
-
-@pytest.mark.parametrize("arrivals", [[1] * 30, [3, 1, 7, 2, 9, 8], [30], [1, 1], [2]])
-def test_every_frame_is_emitted_once_in_order_whatever_the_arrival_pattern(arrivals):
-    planner = WindowPlanner(StreamPlan())
-    windows = [w for n in arrivals for w in planner.add(n)] + planner.finish()
-    emitted = [f for w in windows for f in range(w.emit_start, w.emit_stop)]
-    assert emitted == list(range(sum(arrivals)))
-    for w in windows:
-        assert 0 <= w.start <= w.emit_start < w.emit_stop <= w.stop <= sum(arrivals)
-
-
-def test_first_audio_needs_two_frames_and_later_chunks_wait_for_their_lookahead():
-    planner = WindowPlanner(StreamPlan(left_context=2, lookahead=2, first_lookahead=1, chunk_schedule=(1, 1, 2, 4)))
-    assert planner.add(1) == []
-    first, = planner.add(1)
-    assert (first.start, first.stop, first.emit_start, first.emit_stop) == (0, 2, 0, 1)
-    assert planner.add(1) == []  # frame 1 needs frames 2 and 3 after it
-    second, = planner.add(1)
-    assert (second.start, second.stop, second.emit_start, second.emit_stop) == (0, 4, 1, 2)
-    assert tokens_before_first_audio(StreamPlan()) == 14
-
-
-def test_a_stream_shorter_than_the_first_chunk_is_emitted_at_its_end():
-    planner = WindowPlanner(StreamPlan())
-    assert planner.add(1) == []  # one frame is not enough for the first chunk's look-ahead
-    rest = planner.finish()
-    assert [(w.start, w.stop, w.emit_start, w.emit_stop) for w in rest] == [(0, 1, 0, 1)]
+EXACT_ATOL = 2e-5  # float rounding: the streamed sums run in another order than the offline ones
+HEAD_START_SNR_FLOOR_DB = 45.0  # the whole stream, frame 0 decoded with one frame of look-ahead
 
 
 def test_bad_plans_are_refused():
     with pytest.raises(ValueError):
-        StreamPlan(chunk_schedule=())
+        StreamPlan(step_sizes=())
     with pytest.raises(ValueError):
-        StreamPlan(lookahead=-1)
+        StreamPlan(step_sizes=(2, 4))  # a lone waiting frame could never be stepped
+    with pytest.raises(ValueError):
+        StreamPlan(head_start_lookahead=-1)
+
+
+def test_steps_take_the_largest_size_that_has_arrived():
+    plan = StreamPlan(step_sizes=(1, 2, 4))
+    assert [plan.step_frames(n) for n in (1, 2, 3, 4, 9)] == [1, 2, 2, 4, 4]
+    assert plan.tokens_to_first_audio == 14
 
 
 @pytest.fixture(scope="module")
@@ -86,27 +67,90 @@ def test_weight_norm_is_folded_and_noise_is_locked_to_position(snac):
     assert not torch.equal(a, shifted)  # the noise follows the absolute position
 
 
+@pytest.fixture(scope="module")
+def streamer(snac):
+    return SnacStreamer(snac)
+
+
+def offline(snac, frames):
+    return snac.decode(frames_tensor(frames))[0].numpy()
+
+
+def stream(streamer, frames, arrivals):
+    state, pieces, start = streamer.new_state(), [], 0
+    for n in arrivals:
+        pieces += [a.numpy() for a in streamer.step([state], torch.as_tensor(frames[None, start : start + n]))]
+        start += n
+    state.total_frames = state.frames_in
+    pieces += [a.numpy() for a in streamer.step([state], None)]
+    assert state.finished
+    return np.concatenate(pieces)
+
+
 @pytest.mark.slow
-@pytest.mark.parametrize("arrival", [1, 3])
-def test_streamed_audio_matches_the_offline_decode(snac, arrival):
+def test_the_stream_lags_by_snacs_look_ahead_and_flushes_it_at_the_end(streamer):
+    assert streamer.delay_samples == 4757  # ~2.3 frames, summed over the decoder's layers
+    assert streamer.flush_frames == 3
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("arrivals", [[1] * 30, [3, 1, 7, 2, 9, 8], [30], [2] * 15])
+def test_streamed_audio_is_the_offline_audio_whatever_the_arrival_pattern(snac, streamer, arrivals):
     frames = np.random.default_rng(5).integers(0, 4096, (30, 7))
     frames[0, 0], frames[-1, -1] = 0, 4095
-    decode = decode_fn(snac)
-    offline = decode(frames, 0)
-    streamed, planner = stream_decode(frames, StreamPlan(), decode, arrival=arrival)
-    assert len(streamed) == len(offline) == 30 * SAMPLES_PER_FRAME
-    assert snr_db(offline, streamed) > STREAMED_SNR_FLOOR_DB
-    assert snr_db(offline[SAMPLES_PER_FRAME:], streamed[SAMPLES_PER_FRAME:]) > STEADY_SNR_FLOOR_DB
-    assert planner.decoded_frames / 30 < 2.5  # the public decoder: 4
+    streamed = stream(streamer, frames, arrivals)
+    assert len(streamed) == 30 * SAMPLES_PER_FRAME
+    np.testing.assert_allclose(streamed, offline(snac, frames), atol=EXACT_ATOL)
 
 
 @pytest.mark.slow
-def test_full_context_streaming_is_exact(snac):
-    frames = np.random.default_rng(6).integers(0, 4096, (16, 7))
-    decode = decode_fn(snac)
-    plan = StreamPlan(left_context=3, lookahead=3, first_lookahead=3)
-    streamed, _ = stream_decode(frames, plan, decode)
-    np.testing.assert_allclose(streamed, decode(frames, 0), atol=2e-5)
+@pytest.mark.parametrize("length", [1, 2, 3])
+def test_utterances_shorter_than_the_look_ahead_come_out_whole(snac, streamer, length):
+    frames = np.random.default_rng(length).integers(0, 4096, (length, 7))
+    streamed = stream(streamer, frames, [1] * length)
+    np.testing.assert_allclose(streamed, offline(snac, frames), atol=EXACT_ATOL)
+
+
+@pytest.mark.slow
+def test_streams_at_different_points_share_a_step_and_each_gets_its_own_audio(snac, streamer):
+    rng = np.random.default_rng(11)
+    old, new = rng.integers(0, 4096, (14, 7)), rng.integers(0, 4096, (4, 7))
+    a, b = streamer.new_state(), streamer.new_state()
+    pieces_a = [x.numpy() for x in streamer.step([a], torch.as_tensor(old[None, :10]))]
+    pieces_b = []
+    for i in range(4):  # `new` starts (its edge is masked) while `old` is mid-stream
+        out_a, out_b = streamer.step([a, b], torch.as_tensor(np.stack([old[10 + i : 11 + i], new[i : i + 1]])))
+        pieces_a.append(out_a.numpy())
+        pieces_b.append(out_b.numpy())
+    for state in (a, b):
+        state.total_frames = state.frames_in
+    flushed_a, flushed_b = streamer.step([a, b], None)
+    np.testing.assert_allclose(np.concatenate(pieces_a + [flushed_a.numpy()]), offline(snac, old), atol=EXACT_ATOL)
+    np.testing.assert_allclose(np.concatenate(pieces_b + [flushed_b.numpy()]), offline(snac, new), atol=EXACT_ATOL)
+
+
+@pytest.mark.slow
+def test_misuse_of_a_stream_is_refused(streamer):
+    state = streamer.new_state()
+    with pytest.raises(ValueError, match="has not ended"):
+        streamer.step([state], None)
+    with pytest.raises(ValueError, match=r"\(streams, n, 7\)"):
+        streamer.step([state], torch.zeros(1, 2, 6, dtype=torch.long))
+    streamer.step([state], torch.zeros(1, 2, 7, dtype=torch.long))
+    state.total_frames = 2
+    with pytest.raises(ValueError, match="past the stream's end"):
+        streamer.step([state], torch.zeros(1, 1, 7, dtype=torch.long))
+
+
+@pytest.mark.slow
+def test_the_head_start_frame_is_close_and_everything_after_it_exact(snac, streamer):
+    frames = np.random.default_rng(12).integers(0, 4096, (20, 7))
+    streamed, decoded = exact_stream_decode(frames, streamer, snac)
+    reference = offline(snac, frames)
+    assert len(streamed) == len(reference)
+    assert snr_db(reference, streamed) > HEAD_START_SNR_FLOOR_DB
+    np.testing.assert_allclose(streamed[SAMPLES_PER_FRAME:], reference[SAMPLES_PER_FRAME:], atol=EXACT_ATOL)
+    assert decoded == 20 + 2 + streamer.flush_frames  # each frame once, plus head start and flush
 
 
 @pytest.mark.slow
@@ -186,7 +230,7 @@ async def test_a_full_queue_refuses_at_once_instead_of_queueing():
         await wait_until(decoder.entered.is_set)
         waiting = [asyncio.create_task(service.decode(window, i)) for i in range(3)]
         await wait_until(lambda: service.queue_depth == 3)
-        with pytest.raises(CapacityError, match="3 windows waiting"):
+        with pytest.raises(CapacityError, match="3 requests waiting"):
             await service.decode(window, 9)
         decoder.gate.set()
         assert len(await asyncio.gather(blocker, *waiting)) == 4  # the admitted ones all finish
@@ -196,28 +240,54 @@ async def test_a_full_queue_refuses_at_once_instead_of_queueing():
 
 
 @pytest.mark.slow
+async def test_the_batcher_stops_waiting_once_every_open_stream_is_in(snac):
+    service = SnacDecodeService(snac, DecodeServiceConfig(max_batch=8, batch_timeout_ms=3000))
+    await service.start()
+    try:
+        states = [service.open_stream() for _ in range(2)]
+        frames = np.random.default_rng(13).integers(0, 4096, (2, 2, 7))
+        loop = asyncio.get_running_loop()
+        began = loop.time()
+        await asyncio.gather(*(service.step(state, f) for state, f in zip(states, frames)))
+        assert loop.time() - began < 2.0  # not the 3 s timeout: no other stream could join
+        assert service.stats.batch_sizes == [2]
+        for state in states:
+            service.release(state)
+        assert service.open_streams == 0
+    finally:
+        await service.close()
+
+
+@pytest.mark.slow
 def test_the_codec_bench_prints_the_side_by_side_figures():
     import json
     import subprocess
     import sys
 
-    done = subprocess.run([sys.executable, "-m", "agent.cli", "bench", "tts-codec", "--json", "--quick"],
-                          capture_output=True, text=True, timeout=600)
+    done = subprocess.run([sys.executable, "-m", "agent.cli", "bench", "tts-codec", "--json", "--quick",
+                           "--max-streams", "2", "--trials", "1"], capture_output=True, text=True, timeout=600)
     assert done.returncode == 0, done.stderr
     result = json.loads(done.stdout)
     assert result["tokens_to_first_audio"] == 14 and result["baseline_tokens_to_first_audio"] == 28
-    assert result["decode_frames_per_emitted_frame"] < result["baseline_decode_frames_per_emitted_frame"] == 4
-    assert result["fidelity_snr_db"] > STREAMED_SNR_FLOOR_DB
+    assert result["tokens_to_first_exact_audio"] == 21
+    assert result["tokens_to_first_audio_at_real_time"] >= 21
+    assert result["decode_frames_per_emitted_frame"] < 1.2 < result["baseline_decode_frames_per_emitted_frame"] == 4
+    assert result["fidelity_snr_db"] > HEAD_START_SNR_FLOOR_DB
+    assert result["fidelity_snr_db_without_head_start"] > 90  # float rounding only
     assert result["streamed_length_exact"] and result["frames_emitted"] == result["frames_in_stream"]
     assert result["baseline_frames_emitted"] == result["frames_in_stream"] - 3
+    assert set(result["realtime_worst_lag_s_by_streams"]) >= {"1"}
     for key in ("decode_rtf_per_stream", "realtime_streams_cpu", "batched_speedup"):
         assert key in result
 
 
-async def scripted_tokens(token_ids: list[int], chunk: int, closed: list[bool]):
-    """A token source's stream, scripted: `chunk` ids at a time, then end of speech."""
+async def scripted_tokens(token_ids: list[int], chunk: int, closed: list[bool], clock=None):
+    """A token source's stream, scripted: `chunk` ids at a time, then end of speech.
+    With `clock` (a FakeClock), a frame's worth of tokens takes one frame of time."""
     try:
         for start in range(0, len(token_ids), chunk):
+            if clock is not None:
+                clock.now += FRAME_SECONDS * chunk / 7
             yield token_ids[start : start + chunk]
             await asyncio.sleep(0)
         yield [END_OF_SPEECH]
@@ -225,26 +295,51 @@ async def scripted_tokens(token_ids: list[int], chunk: int, closed: list[bool]):
         closed.append(True)
 
 
-@pytest.mark.slow
-async def test_tokens_through_the_shared_service_give_the_offline_audio(snac):
-    frames = np.random.default_rng(9).integers(0, 4096, (20, 7))
+class FakeClock:
+    def __init__(self) -> None:
+        self.now = 0.0
+
+    def __call__(self) -> float:
+        return self.now
+
+
+async def run_stream(snac, frames, chunk, *, clock=None):
     tokens = snac_codes_to_tokens(*frames_to_levels(frames))
     service = SnacDecodeService(snac, DecodeServiceConfig(batch_timeout_ms=5))
     await service.start()
+    stats, closed = StreamStats(), []
     try:
-        closed: list[bool] = []
-        chunks = [a async for a in stream_audio(scripted_tokens(tokens, 5, closed), service)]
+        kwargs = {"clock": clock} if clock else {}
+        chunks = [a async for a in stream_audio(scripted_tokens(tokens, chunk, closed, clock), service,
+                                                stats=stats, **kwargs)]
+        assert service.open_streams == 0 and closed == [True]
     finally:
         await service.close()
-    streamed = np.concatenate(chunks)
-    offline = snac.decode(frames_tensor(frames))[0].numpy()
-    assert len(streamed) == len(offline) and closed == [True]
-    assert snr_db(offline, streamed) > STREAMED_SNR_FLOOR_DB
-    assert len(chunks[0]) == SAMPLES_PER_FRAME  # the first chunk is one frame, out after 14 tokens
+    return chunks, stats
 
 
 @pytest.mark.slow
-async def test_closing_the_audio_stream_mid_sentence_stops_the_token_stream(snac):
+async def test_fast_tokens_get_a_head_start_and_the_offline_audio_after_it(snac):
+    frames = np.random.default_rng(9).integers(0, 4096, (20, 7))
+    chunks, stats = await run_stream(snac, frames, 5)
+    streamed, reference = np.concatenate(chunks), offline(snac, frames)
+    assert stats.head_start and stats.frames_for_first_audio == 2  # 14 tokens
+    assert len(chunks[0]) == SAMPLES_PER_FRAME and len(streamed) == len(reference)
+    np.testing.assert_allclose(streamed[SAMPLES_PER_FRAME:], reference[SAMPLES_PER_FRAME:], atol=EXACT_ATOL)
+    assert stats.decoded_frames == 20 + 2 + 3
+
+
+@pytest.mark.slow
+async def test_real_time_tokens_start_exact_with_enough_audio_to_not_stall(snac):
+    frames = np.random.default_rng(14).integers(0, 4096, (12, 7))
+    chunks, stats = await run_stream(snac, frames, 7, clock=FakeClock())  # 7 tokens per frame time
+    assert not stats.head_start  # a head start would leave a gap after frame 0 at this speed
+    assert len(chunks[0]) >= SAMPLES_PER_FRAME  # covers the wait for the next frame
+    np.testing.assert_allclose(np.concatenate(chunks), offline(snac, frames), atol=EXACT_ATOL)
+
+
+@pytest.mark.slow
+async def test_closing_the_audio_stream_mid_sentence_stops_the_tokens_and_frees_the_stream(snac):
     frames = np.random.default_rng(10).integers(0, 4096, (40, 7))
     tokens = snac_codes_to_tokens(*frames_to_levels(frames))
     service = SnacDecodeService(snac)
@@ -253,8 +348,26 @@ async def test_closing_the_audio_stream_mid_sentence_stops_the_token_stream(snac
         closed: list[bool] = []
         audio = stream_audio(scripted_tokens(tokens, 7, closed), service)
         first = await audio.__anext__()
+        assert service.open_streams == 1
         await audio.aclose()  # barge-in
         assert len(first) == SAMPLES_PER_FRAME and closed == [True]
-        assert service.queue_depth == 0
+        assert service.queue_depth == 0 and service.open_streams == 0
+    finally:
+        await service.close()
+
+
+@pytest.mark.slow
+async def test_a_misaligned_token_fails_the_stream_with_a_clear_error(snac):
+    from models.orpheus.tokens import OrpheusTokenError
+
+    service = SnacDecodeService(snac)
+    await service.start()
+    try:
+        closed: list[bool] = []
+        bad = snac_codes_to_tokens(*frames_to_levels(np.zeros((1, 7), dtype=np.int64)))[1:] + [128266]
+        with pytest.raises(OrpheusTokenError):
+            async for _ in stream_audio(scripted_tokens(bad, 7, closed), service):
+                pass
+        assert closed == [True] and service.open_streams == 0
     finally:
         await service.close()

@@ -1,8 +1,8 @@
 """Orpheus as a `TTSEngine`: text -> prompt ids -> audio tokens (a token source) -> SNAC
-windows (the shared decode service) -> 24 kHz PCM, streamed while generation runs.
+stream steps (the shared decode service) -> 24 kHz PCM, streamed while generation runs.
 
-Every window of one stream is decoded in order (its audio is needed in order); windows
-of different streams meet in the decode service's batches.
+One stream's steps run in order (each moves its decoder state on); steps of different
+streams meet in the decode service's batches.
 """
 
 from __future__ import annotations
@@ -16,9 +16,9 @@ from models.base import TTSEngine
 from models.orpheus.decode_service import DecodeServiceConfig, SnacDecodeService
 from models.orpheus.snac_decoder import SnacDecoder
 from models.orpheus.prompt import prompt_ids
-from models.orpheus.streaming import StreamPlan, WindowPlanner
+from models.orpheus.streaming import StreamPlan, stream_audio
 from models.orpheus.token_source import OrpheusSampling
-from models.orpheus.tokens import FrameAssembler, SAMPLE_RATE
+from models.orpheus.tokens import SAMPLE_RATE
 
 
 MAX_REQUEST_CHARS = 300  # ~20 s of speech at ~14 characters a second
@@ -27,33 +27,6 @@ MAX_REQUEST_CHARS = 300  # ~20 s of speech at ~14 characters a second
 class TokenSource(Protocol):
     def stream(self, prompt_ids: list[int], sampling: OrpheusSampling) -> AsyncIterator[list[int]]:
         """Generated token ids, a few at a time, until end of speech."""
-
-
-async def stream_audio(tokens: AsyncIterator[list[int]], service: SnacDecodeService,
-                       plan: StreamPlan = StreamPlan()) -> AsyncIterator[np.ndarray]:
-    """Token chunks in, float audio chunks out: every frame exactly once, in order."""
-    assembler = FrameAssembler()
-    planner = WindowPlanner(plan)
-    frames: list[np.ndarray] = []
-    try:
-        async for chunk in tokens:
-            done = assembler.push(chunk)
-            if len(done):
-                frames.extend(done)
-                for window in planner.add(len(done)):
-                    yield await _decode(service, frames, window)
-            if assembler.ended:
-                break
-        for window in planner.finish():
-            yield await _decode(service, frames, window)
-    finally:
-        if hasattr(tokens, "aclose"):
-            await tokens.aclose()  # barge-in: stop the generation too, not just the decoding
-
-
-async def _decode(service: SnacDecodeService, frames: list[np.ndarray], window) -> np.ndarray:
-    audio = await service.decode(np.stack(frames[window.start : window.stop]), window.start)
-    return window.emitted_samples(audio)
 
 
 def to_pcm16(audio: np.ndarray) -> bytes:

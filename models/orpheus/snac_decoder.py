@@ -44,9 +44,12 @@ class PositionLockedNoise(nn.Module):
         self.latent_offsets: torch.Tensor | None = None  # (batch,) window start, in latent steps
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
-        batch, _, length = x.shape
-        offsets = self.latent_offsets if self.latent_offsets is not None else torch.zeros(batch, dtype=torch.long)
-        positions = offsets.to(x.device).view(-1, 1) * self.rate + torch.arange(length, device=x.device).view(1, -1)
+        offsets = self.latent_offsets if self.latent_offsets is not None else torch.zeros(x.shape[0], dtype=torch.long)
+        return self.at_positions(x, offsets.to(x.device) * self.rate)
+
+    def at_positions(self, x: torch.Tensor, starts: torch.Tensor) -> torch.Tensor:
+        """`starts` (batch,): each row's absolute position (in samples at this layer) of x[..., 0]."""
+        positions = starts.view(-1, 1) + torch.arange(x.shape[-1], device=x.device).view(1, -1)
         noise = self.table[positions % self.table.numel()].unsqueeze(1).to(x.dtype)
         return x + noise * self.linear(x)
 

@@ -1,115 +1,186 @@
-"""Streaming SNAC decode: which frames to decode, and which samples to emit, as codes arrive.
+"""One utterance's codes in as they are generated, its audio out as soon as it is final.
 
-SNAC's decoder is non-causal: a frame's audio depends on the 3 frames before and after
-it (measured by `receptive_field_frames`). Decoding a frame with all of that context
-gives exactly the offline audio; less look-ahead gives earlier audio, slightly off.
-The plan here:
-- the first chunk (one frame) is emitted as soon as `first_lookahead` frames after it
-  exist (low TTFB); later chunks grow along `chunk_schedule` (1, 2, then 4 frames), each
-  emitted once `lookahead` frames after it exist. Growing slowly keeps the audio ahead of
-  playback when tokens come no faster than real time; big chunks amortise the context;
-- every window carries `left_context` frames before what it emits;
-- at the end of the stream the rest is emitted with the true right edge (as offline);
-- every frame is emitted exactly once, first to last.
-Decoding several frames per window amortises the context: work per emitted frame is
-(left + chunk + lookahead) / chunk frames, against 4 for the public sliding window.
+Every frame goes once through the exact streaming decoder (`snac_stream`), whose audio
+trails the codes by ~2.3 frames (SNAC's look-ahead). Two choices on top:
+- head start: when tokens come fast (at least `head_start_min_speed` × real time between
+  the first frames), frame 0 is decoded on its own as soon as frame 1 is in (14 tokens)
+  and played while the exact stream catches up (it then continues from frame 1). When
+  tokens come at about real time, a head start would leave a gap after frame 0 (the exact
+  stream needs ~3.3 more frames), so the stream waits for its first exact audio (21 tokens).
+- self-clocking steps: a step takes every frame that arrived while the last one ran (up
+  to `max_step_frames`, in sizes from `step_sizes` so that steps of many streams share
+  forward passes). Under light load each frame is decoded as it comes; under heavy load
+  steps grow and the fixed cost per step is shared by more audio.
+- a steady start: without a head start, the exact stream's first audio is held until it
+  covers the predicted wait for the next (the recent frame interval plus the last step's
+  decode time), so that playback, once started, does not stall; the first fragment alone
+  (~0.7 frame) would run dry before the next frame came at real time.
 """
 
 from __future__ import annotations
 
-from collections.abc import Callable
+import asyncio
+import time
+from collections.abc import AsyncIterator, Callable
 from dataclasses import dataclass
 
 import numpy as np
 
-from models.orpheus.tokens import FRAME_TOKENS, SAMPLES_PER_FRAME
+from models.orpheus.decode_service import SnacDecodeService
+from models.orpheus.tokens import FRAME_TOKENS, SAMPLE_RATE, SAMPLES_PER_FRAME, FrameAssembler
+
+FRAME_SECONDS = SAMPLES_PER_FRAME / SAMPLE_RATE
 
 
 @dataclass(frozen=True)
 class StreamPlan:
-    left_context: int = 2
-    lookahead: int = 2
-    first_lookahead: int = 1
-    chunk_schedule: tuple[int, ...] = (1, 1, 2, 4)  # frames per chunk; the last repeats
+    head_start: bool = True
+    head_start_lookahead: int = 1  # frames after frame 0 its head-start decode sees
+    head_start_min_speed: float = 2.0  # token speed (× real time) that keeps a head start gap-free
+    step_sizes: tuple[int, ...] = (1, 2, 4)  # frames per step; the largest that has arrived is taken
 
     def __post_init__(self) -> None:
-        if min(self.left_context, self.lookahead, self.first_lookahead) < 0 or not self.chunk_schedule \
-                or min(self.chunk_schedule) < 1:
+        if self.head_start_lookahead < 0 or self.head_start_min_speed <= 0 or not self.step_sizes \
+                or min(self.step_sizes) != 1:
             raise ValueError(f"invalid stream plan {self}")
-
-    def chunk(self, index: int) -> int:
-        return self.chunk_schedule[min(index, len(self.chunk_schedule) - 1)]
 
     @property
     def tokens_to_first_audio(self) -> int:
-        return (self.chunk(0) + self.first_lookahead) * FRAME_TOKENS
+        """With a head start; without one, the exact stream's first audio needs
+        ceil(delay / frame) + 1 frames."""
+        return (1 + self.head_start_lookahead) * FRAME_TOKENS
+
+    def step_frames(self, waiting: int) -> int:
+        return max(size for size in self.step_sizes if size <= waiting)
 
 
-@dataclass(frozen=True)
-class Window:
-    start: int  # first frame decoded
-    stop: int  # one past the last frame decoded
-    emit_start: int  # first frame whose audio is emitted
-    emit_stop: int
+@dataclass
+class StreamStats:
+    """What one utterance cost: for tests, the bench and the metrics."""
 
-    @property
-    def frames(self) -> int:
-        return self.stop - self.start
-
-    def emitted_samples(self, audio: np.ndarray) -> np.ndarray:
-        """The emitted part of this window's decoded audio."""
-        lo = (self.emit_start - self.start) * SAMPLES_PER_FRAME
-        return audio[lo : lo + (self.emit_stop - self.emit_start) * SAMPLES_PER_FRAME]
+    frames: int = 0
+    decoded_frames: int = 0  # frames through the decoder: steps, head start, flush
+    steps: int = 0
+    head_start: bool = False
+    frames_for_first_audio: int | None = None  # frames the first audio waited for (tokens to first audio / 7)
 
 
-class WindowPlanner:
-    """Frame counts in, windows to decode out. Pure: no codes, no model."""
+async def stream_audio(tokens: AsyncIterator[list[int]], service: SnacDecodeService, plan: StreamPlan = StreamPlan(),
+                       *, clock: Callable[[], float] = time.monotonic,
+                       stats: StreamStats | None = None) -> AsyncIterator[np.ndarray]:
+    """Token chunks in, float audio chunks out: every frame exactly once, in order.
+    Closing the generator (barge-in) stops the token source too."""
+    stats = stats if stats is not None else StreamStats()
+    arrivals: asyncio.Queue = asyncio.Queue()  # unbounded: one utterance's frames at most
+    reader = asyncio.create_task(_read_frames(tokens, arrivals, clock), name="orpheus-frames")
+    state = service.open_stream()
+    frames: list[np.ndarray] = []  # every frame so far (the head start decodes the first ones)
+    arrived_at: list[float] = []
+    stepped = 0
+    decided = not plan.head_start
+    ended = False
+    held: list[np.ndarray] = []  # exact audio kept back until playback can start without a stall
+    started = False
+    step_seconds = 0.0
+    try:
+        while True:
+            if stepped == len(frames) and not ended:
+                ended = _take(await arrivals.get(), frames, arrived_at)
+            while not arrivals.empty() and not ended:
+                ended = _take(arrivals.get_nowait(), frames, arrived_at)
+            if not decided and (len(frames) > plan.head_start_lookahead or ended):
+                decided = True
+                # (only while the exact stream has emitted nothing: it must continue where frame 0 ends)
+                if _fast_enough(plan, arrived_at) and state.next_sample == 0 and state_is_silent(service, stepped):
+                    window = np.stack(frames[: 1 + plan.head_start_lookahead])
+                    audio = await service.decode(window, 0, stream=state)
+                    state.next_sample = SAMPLES_PER_FRAME
+                    stats.decoded_frames += len(window)
+                    stats.head_start = started = True
+                    stats.frames_for_first_audio = len(window)
+                    yield audio[:SAMPLES_PER_FRAME]
+            if stepped < len(frames):
+                n = plan.step_frames(len(frames) - stepped)
+                began = clock()
+                audio = await service.step(state, np.stack(frames[stepped : stepped + n]))
+                step_seconds = clock() - began
+                stepped += n
+                stats.decoded_frames += n
+                stats.steps += 1
+            elif ended:
+                state.total_frames = stepped
+                audio = await service.step(state, None) if stepped else np.zeros(0, np.float32)
+                stats.decoded_frames += service.flush_frames if stepped else 0
+                stats.frames = stepped
+                audio = np.concatenate(held + [audio])
+                if not started:
+                    stats.frames_for_first_audio = stepped
+                if len(audio):
+                    yield audio
+                return
+            else:
+                continue
+            if not started and len(audio):
+                held.append(audio)
+                if sum(map(len, held)) / SAMPLE_RATE < _frame_interval(arrived_at) + step_seconds:
+                    continue
+                audio, held, started = np.concatenate(held), [], True
+                stats.frames_for_first_audio = stepped
+            if len(audio):
+                yield audio
+    finally:
+        service.release(state)
+        reader.cancel()
+        await asyncio.gather(reader, return_exceptions=True)
+        if hasattr(tokens, "aclose"):
+            await tokens.aclose()  # barge-in: stop the generation too, not just the decoding
 
-    def __init__(self, plan: StreamPlan) -> None:
-        self.plan = plan
-        self.available = 0
-        self.emitted = 0
-        self.finished = False
-        self.decoded_frames = 0  # work done, for decode-frames-per-emitted-frame
-        self.chunks = 0
 
-    def add(self, frames: int) -> list[Window]:
-        if self.finished:
-            raise RuntimeError("frames added after the stream finished")
-        self.available += frames
-        return self._ready()
-
-    def finish(self) -> list[Window]:
-        self.finished = True
-        return self._ready()
-
-    def _ready(self) -> list[Window]:
-        windows = []
-        while self.emitted < self.available:
-            chunk = self.plan.chunk(self.chunks)
-            ahead = self.plan.first_lookahead if self.chunks == 0 else self.plan.lookahead
-            if not self.finished and self.available < self.emitted + chunk + ahead:
+async def _read_frames(tokens: AsyncIterator[list[int]], arrivals: asyncio.Queue, clock: Callable[[], float]) -> None:
+    """Whole frames onto the queue as tokens complete them; then None, or the error."""
+    assembler = FrameAssembler()
+    try:
+        async for chunk in tokens:
+            done = assembler.push(chunk)
+            if len(done):
+                arrivals.put_nowait((done, clock()))
+            if assembler.ended:
                 break
-            emit_stop = min(self.emitted + chunk, self.available)
-            window = Window(start=max(0, self.emitted - self.plan.left_context),
-                            stop=min(self.available, emit_stop + ahead),
-                            emit_start=self.emitted, emit_stop=emit_stop)
-            windows.append(window)
-            self.decoded_frames += window.frames
-            self.emitted = emit_stop
-            self.chunks += 1
-        return windows
+        arrivals.put_nowait(None)
+    except asyncio.CancelledError:
+        raise
+    except Exception as exc:  # a broken source or a misaligned token: raised in the consumer
+        arrivals.put_nowait(exc)
 
 
-def stream_decode(frames: np.ndarray, plan: StreamPlan, decode: Callable[[np.ndarray, int], np.ndarray],
-                  *, arrival: int = 1) -> tuple[np.ndarray, WindowPlanner]:
-    """Decodes (n, 7) frames as a stream arriving `arrival` frames at a time (offline helper
-    for tests and the bench). `decode(window_frames, first_frame_index) -> audio`."""
-    planner = WindowPlanner(plan)
-    pieces = []
-    for start in range(0, len(frames), arrival):
-        for w in planner.add(len(frames[start : start + arrival])):
-            pieces.append(w.emitted_samples(decode(frames[w.start : w.stop], w.start)))
-    for w in planner.finish():
-        pieces.append(w.emitted_samples(decode(frames[w.start : w.stop], w.start)))
-    return (np.concatenate(pieces) if pieces else np.zeros(0, dtype=np.float32)), planner
+def _take(item, frames: list[np.ndarray], arrived_at: list[float]) -> bool:
+    """Adds an arrival; True at the end of the stream."""
+    if item is None:
+        return True
+    if isinstance(item, Exception):
+        raise item
+    done, at = item
+    frames.extend(done)
+    arrived_at.extend([at] * len(done))
+    return False
+
+
+def _frame_interval(arrived_at: list[float], recent: int = 4) -> float:
+    """Seconds between frames lately (frames come in bursts: averaged over a few)."""
+    window = arrived_at[-recent:]
+    return (window[-1] - window[0]) / (len(window) - 1) if len(window) > 1 else FRAME_SECONDS
+
+
+def state_is_silent(service: SnacDecodeService, stepped: int) -> bool:
+    """Has the exact stream, after `stepped` frames, returned no audio yet?"""
+    return stepped * SAMPLES_PER_FRAME <= service.delay_samples
+
+
+def _fast_enough(plan: StreamPlan, arrived_at: list[float]) -> bool:
+    """Did the frames after frame 0 come at `head_start_min_speed` × real time or faster?"""
+    needed = plan.head_start_lookahead
+    if len(arrived_at) <= needed:
+        return False
+    if needed == 0:
+        return True
+    return arrived_at[needed] - arrived_at[0] <= needed * FRAME_SECONDS / plan.head_start_min_speed

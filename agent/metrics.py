@@ -23,6 +23,10 @@ class CadenceMetrics:
             "cadence_ttfs_seconds", "Time to first sentence: caller's end of speech to first reply audio sent",
             ["transport"], buckets=_LATENCY_BUCKETS, registry=self.registry,
         )
+        self.sentence_ttfb_seconds = Histogram(
+            "cadence_tts_sentence_ttfb_seconds", "Per reply sentence: TTS request to its first audio",
+            ["transport"], buckets=_LATENCY_BUCKETS, registry=self.registry,
+        )
         self.calls_active = Gauge("cadence_calls_active", "Calls in progress", ["transport"], registry=self.registry)
         self.calls_total = Counter("cadence_calls_total", "Calls by how they ended", ["transport", "outcome"],
                                    registry=self.registry)
@@ -50,6 +54,8 @@ class CadenceMetrics:
                 self.stage_seconds.labels(stage, transport).observe(stage_ms[stage] / 1000.0)
         if turn.ttfs_ms is not None:
             self.ttfs_seconds.labels(transport).observe(turn.ttfs_ms / 1000.0)
+        for ttfb_ms in turn.sentence_ttfb_ms:
+            self.sentence_ttfb_seconds.labels(transport).observe(ttfb_ms / 1000.0)
 
     def track_queue_depth(self, engine: str, depth: Callable[[], int]) -> None:
         self.engine_queue_depth.labels(engine).set_function(depth)

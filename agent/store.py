@@ -16,7 +16,7 @@ from typing import Any
 from pipelines.turn_timeline import Turn
 
 # Bump with a new entry in _MIGRATIONS whenever the schema changes; stored in PRAGMA user_version.
-SCHEMA_VERSION = 3
+SCHEMA_VERSION = 4
 
 _SCHEMA = """
 PRAGMA journal_mode = WAL;
@@ -38,6 +38,7 @@ CREATE TABLE IF NOT EXISTS turns (
     end_of_speech_at REAL,
     stage_ms TEXT NOT NULL,   -- JSON: stage name -> ms after the caller's end of speech
     ttfs_ms REAL,
+    sentence_ttfb_ms TEXT NOT NULL DEFAULT '[]',  -- JSON: per reply sentence, TTS request to first audio
     PRIMARY KEY (call_id, idx)
 );
 CREATE INDEX IF NOT EXISTS calls_started ON calls(started_at DESC);
@@ -49,6 +50,8 @@ _MIGRATIONS: dict[int, tuple[str, ...]] = {
     2: ("ALTER TABLE calls ADD COLUMN external_id TEXT",),
     # The dashboard reads recent turns across calls by time.
     3: ("CREATE INDEX IF NOT EXISTS turns_spoken ON turns(end_of_speech_at)",),
+    # Per-sentence TTS latency: a slow later sentence leaves a hole mid-reply.
+    4: ("ALTER TABLE turns ADD COLUMN sentence_ttfb_ms TEXT NOT NULL DEFAULT '[]'",),
 }
 _POST_MIGRATION = "CREATE INDEX IF NOT EXISTS calls_external ON calls(external_id);"
 
@@ -112,8 +115,9 @@ class CallStore:
 
     async def save_turn(self, call_id: str, turn: Turn) -> None:
         row = (call_id, turn.index, turn.user_text, turn.reply_text, int(turn.interrupted), turn.end_of_speech_at,
-               json.dumps(turn.stage_ms()), turn.ttfs_ms)
-        await self._run(self._write, "INSERT OR REPLACE INTO turns VALUES (?, ?, ?, ?, ?, ?, ?, ?)", row)
+               json.dumps(turn.stage_ms()), turn.ttfs_ms, json.dumps(turn.sentence_ttfb_ms))
+        await self._run(self._write, "INSERT OR REPLACE INTO turns (call_id, idx, user_text, reply_text, interrupted, "
+                        "end_of_speech_at, stage_ms, ttfs_ms, sentence_ttfb_ms) VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?)", row)
 
     def _write(self, sql: str, params: tuple) -> None:
         assert self._db is not None, "CallStore.open() was not awaited"
@@ -212,6 +216,7 @@ def turn_row_to_dict(row: sqlite3.Row) -> dict[str, Any]:
         "end_of_speech_at": row["end_of_speech_at"],
         "stage_ms": json.loads(row["stage_ms"]),
         "ttfs_ms": row["ttfs_ms"],
+        "sentence_ttfb_ms": json.loads(row["sentence_ttfb_ms"]),
     }
 
 
@@ -225,4 +230,5 @@ def turn_to_dict(turn: Turn) -> dict[str, Any]:
         "end_of_speech_at": turn.end_of_speech_at,
         "stage_ms": turn.stage_ms(),
         "ttfs_ms": turn.ttfs_ms,
+        "sentence_ttfb_ms": list(turn.sentence_ttfb_ms),
     }

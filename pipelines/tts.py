@@ -1,14 +1,20 @@
-"""Text-to-speech as a pipecat service over our `TTSEngine`.
+"""Text-to-speech as pipecat services over our `TTSEngine`.
 
 pipecat's TTSService aggregates the LLM's text into sentences and calls `run_tts` per
 sentence, so the first sentence is spoken while the LLM is still writing the second.
+Each sentence's TTFB (request to first audio out of the engine) goes out as a
+`TTSSentenceTimingFrame`: pipecat's own TTFB metric covers only the first sentence of
+a reply, and a slow later sentence is what leaves a hole mid-reply.
 """
 
 from __future__ import annotations
 
-from collections.abc import AsyncGenerator
+import re
+import time
+from collections.abc import AsyncGenerator, Callable
+from dataclasses import dataclass
 
-from pipecat.frames.frames import ErrorFrame, Frame
+from pipecat.frames.frames import ErrorFrame, Frame, SystemFrame
 from pipecat.services.settings import TTSSettings
 from pipecat.services.tts_service import TTSService
 
@@ -17,15 +23,26 @@ from models.base import TTSEngine
 from pipelines.text_chunking import FirstPhraseAggregator
 
 
+@dataclass
+class TTSSentenceTimingFrame(SystemFrame):
+    """One sentence's synthesis latency. A system frame: it is not held behind the audio
+    it describes, and an interruption does not discard it."""
+
+    text: str = ""
+    ttfb_seconds: float = 0.0
+
+
 class EngineTTSService(TTSService):
-    def __init__(self, engine: TTSEngine, *, voice: str, **kwargs) -> None:
+    def __init__(self, engine: TTSEngine, *, voice: str, model: str | None = None,
+                 clock: Callable[[], float] = time.monotonic, **kwargs) -> None:
         super().__init__(
             push_start_frame=True,
             push_stop_frames=True,
-            settings=TTSSettings(model=None, voice=voice, language=None),
+            settings=TTSSettings(model=model, voice=voice, language=None),
             **kwargs,
         )
         self._engine = engine
+        self._clock = clock
         # pipecat 1.14 has no constructor argument for the aggregator; this replaces the
         # default sentence aggregator with one that also releases a reply's first phrase early.
         self._text_aggregator = FirstPhraseAggregator()
@@ -33,13 +50,22 @@ class EngineTTSService(TTSService):
     def can_generate_metrics(self) -> bool:
         return True
 
+    def prepare_text(self, text: str) -> str:
+        """The text the engine is given for a sentence; voices override what they cannot say."""
+        return text
+
     async def run_tts(self, text: str, context_id: str) -> AsyncGenerator[Frame, None]:
         await self.start_tts_usage_metrics(text)
-        chunks = self._engine.synthesize(text)
+        requested = self._clock()
+        chunks = self._engine.synthesize(self.prepare_text(text))
+        first = True
         try:
             async for frame in self._stream_audio_frames_from_iterator(
                 chunks, in_sample_rate=self._engine.sample_rate, context_id=context_id
             ):
+                if first:
+                    first = False
+                    await self.push_frame(TTSSentenceTimingFrame(text=text, ttfb_seconds=self._clock() - requested))
                 await self.stop_ttfb_metrics()
                 yield frame
         except CadenceError as exc:
@@ -47,3 +73,22 @@ class EngineTTSService(TTSService):
         finally:
             await chunks.aclose()  # barge-in lands here: stop synthesising now
             await self.stop_ttfb_metrics()
+
+
+_ANGLE_TAG = re.compile(r"<[^<>]{0,40}>")
+_SPACE_BEFORE_PUNCTUATION = re.compile(r"\s+([.,!?;:])")
+
+
+class OrpheusTTSService(EngineTTSService):
+    """The Orpheus voice (24 kHz): Orpheus' emotion tags (`<laugh>`, `<sigh>`, ...) pass
+    through to the model; any other angle-bracket markup an LLM writes (SSML, HTML) is
+    dropped, since Orpheus would speak it. Sentences longer than one request (~20 s of
+    speech, under Orpheus' ~30 s quality cliff) are split by the engine at clause breaks."""
+
+    def __init__(self, engine: TTSEngine, *, voice: str, model: str, emotion_tags: tuple[str, ...], **kwargs) -> None:
+        super().__init__(engine, voice=voice, model=model, **kwargs)
+        self._emotion_tags = frozenset(emotion_tags)
+
+    def prepare_text(self, text: str) -> str:
+        kept = _ANGLE_TAG.sub(lambda m: m.group(0) if m.group(0) in self._emotion_tags else " ", text)
+        return _SPACE_BEFORE_PUNCTUATION.sub(r"\1", " ".join(kept.split()))

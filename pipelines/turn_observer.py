@@ -24,6 +24,7 @@ from pipecat.observers.base_observer import BaseObserver, FramePushed
 from pipecat.processors.frame_processor import FrameDirection, FrameProcessor
 
 from pipelines.stt import CallerSpeechEndFrame
+from pipelines.tts import TTSSentenceTimingFrame
 from pipelines.turn_timeline import Turn, TurnTimeline
 
 
@@ -46,6 +47,10 @@ class TurnObserver(BaseObserver):
             # TTFS starts at the caller's last voiced audio, measured by STT on the audio.
             if data.first_push:
                 self.timeline.user_stopped_speaking(frame.last_voiced_at)
+            return
+        if isinstance(frame, TTSSentenceTimingFrame):
+            if data.first_push:
+                self.timeline.sentence_synthesized(frame.ttfb_seconds)
             return
         if not data.first_push and not (data.source is self._output and data.direction == FrameDirection.DOWNSTREAM):
             return

@@ -29,6 +29,7 @@ class Turn:
     reply_text: str = ""  # only what was actually sent to the caller
     interrupted: bool = False
     completed_at: float | None = None
+    sentence_ttfb_ms: list[float] = field(default_factory=list)  # per reply sentence: TTS request to first audio
 
     def stage_ms(self) -> dict[str, float]:
         """Milliseconds from the caller's end of speech to each stage reached."""
@@ -84,6 +85,11 @@ class TurnTimeline:
             raise ValueError(f"unknown stage {name!r}")
         if self._open is not None and "asr_final" in self._open.stage_at:
             self._open.stage_at.setdefault(name, at)
+
+    def sentence_synthesized(self, ttfb_seconds: float) -> None:
+        """A reply sentence's first audio came out of TTS, `ttfb_seconds` after it was asked for."""
+        if self._open is not None and "asr_final" in self._open.stage_at:
+            self._open.sentence_ttfb_ms.append(round(ttfb_seconds * 1000.0, 1))
 
     def bot_started_speaking(self, at: float) -> None:
         self._bot_speaking = True

@@ -25,7 +25,7 @@ from agent.config import CadenceConfig
 from models.base import ASREngine, LLMEngine, TTSEngine
 from pipelines.llm import EngineLLMService
 from pipelines.stt import EngineSTTService
-from pipelines.tts import EngineTTSService
+from pipelines.tts import EngineTTSService, OrpheusTTSService
 from pipelines.turn_observer import TurnObserver
 from pipelines.turn_timeline import Turn
 from pipelines.vad import PauseAwareSileroVAD
@@ -90,7 +90,7 @@ def build_voice_call(
         max_reply_tokens=config.llm.max_reply_tokens,
         max_history_messages=config.llm.max_history_messages,
     )
-    tts = EngineTTSService(engines.tts, voice=config.tts.voice)
+    tts = tts_service(engines.tts, config)
     output = transport.output()
     pipeline = Pipeline([transport.input(), stt, aggregators.user(), llm, tts, output, aggregators.assistant()])
     observer = TurnObserver(output_transport=output, on_turn_closed=on_turn_closed)
@@ -106,3 +106,13 @@ def build_voice_call(
         enable_rtvi=enable_rtvi,
     )
     return VoiceCall(task=task, observer=observer, context=context)
+
+
+def tts_service(engine: TTSEngine, config: CadenceConfig) -> EngineTTSService:
+    """The agent's voice as a pipecat service: Orpheus (GPU) or the CPU voice."""
+    if config.tts.engine == "orpheus":
+        from models.orpheus.prompt import EMOTION_TAGS
+
+        orpheus = config.tts.orpheus
+        return OrpheusTTSService(engine, voice=orpheus.voice, model=orpheus.model, emotion_tags=EMOTION_TAGS)
+    return EngineTTSService(engine, voice=config.tts.voice)

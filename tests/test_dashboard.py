@@ -160,20 +160,22 @@ async def test_recent_turns_join_their_call_and_filter_by_agent_transport_and_ti
 
 async def test_a_version_2_database_gains_the_turn_time_index(tmp_path):
     path = tmp_path / "v2.sqlite3"
-    store = CallStore(str(path))
-    await store.open()
-    await store.close()
     db = sqlite3.connect(path)
-    db.execute("DROP INDEX turns_spoken")
-    db.execute("PRAGMA user_version = 2")
-    db.commit()
+    db.executescript("""
+        CREATE TABLE calls (id TEXT PRIMARY KEY, agent TEXT NOT NULL, transport TEXT NOT NULL, external_id TEXT,
+                            started_at REAL NOT NULL, ended_at REAL, end_reason TEXT);
+        CREATE TABLE turns (call_id TEXT NOT NULL, idx INTEGER NOT NULL, user_text TEXT NOT NULL,
+                            reply_text TEXT NOT NULL, interrupted INTEGER NOT NULL, end_of_speech_at REAL,
+                            stage_ms TEXT NOT NULL, ttfs_ms REAL, PRIMARY KEY (call_id, idx));
+        PRAGMA user_version = 2;
+    """)
     db.close()
 
     store = CallStore(str(path))
     await store.open()
     await store.close()
     db = sqlite3.connect(path)
-    assert db.execute("PRAGMA user_version").fetchone()[0] == SCHEMA_VERSION == 3
+    assert db.execute("PRAGMA user_version").fetchone()[0] == SCHEMA_VERSION == 4
     assert db.execute("SELECT 1 FROM sqlite_master WHERE type = 'index' AND name = 'turns_spoken'").fetchone()
     plan = " ".join(str(r) for r in db.execute(
         "EXPLAIN QUERY PLAN SELECT * FROM turns WHERE end_of_speech_at > 5 ORDER BY end_of_speech_at DESC"))

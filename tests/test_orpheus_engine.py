@@ -6,6 +6,7 @@ from __future__ import annotations
 import asyncio
 from dataclasses import replace
 
+import httpx
 import numpy as np
 import pytest
 
@@ -102,8 +103,18 @@ async def test_a_phone_call_is_answered_in_the_orpheus_voice(embedded_engines, s
         with running_server(config, engines) as server:
             result = await twilio_caller.call(f"{server.ws_url}/ws/twilio", [PlannedTurn.of(samples, rate)],
                                               keep_audio=True)
+            async with httpx.AsyncClient(base_url=server.base_url) as http:
+                call_id = (await http.get("/api/calls", params={"external_id": result.call_sid})).json()["calls"][0]["id"]
+                for _ in range(50):
+                    call = (await http.get(f"/api/calls/{call_id}")).json()
+                    if not call["live"]:
+                        break
+                    await asyncio.sleep(0.1)
     finally:
         await orpheus.close()
+    stored, = call["turns"]
+    # Every reply sentence has its own TTS latency; the first is inside the turn's TTFS.
+    assert stored["sentence_ttfb_ms"] and 0 < stored["sentence_ttfb_ms"][0] < stored["ttfs_ms"]
     turn, = result.turns
     # Random weights say nothing intelligible: check that audio came, in time, and lasted.
     assert turn.error is None, turn.error

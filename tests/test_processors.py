@@ -137,6 +137,28 @@ def test_plausibility_rules():
     assert is_plausible(Transcript("please book a table for four people", 2.0, 0.1, no_speech_probability=0.8))
 
 
+async def test_every_sentence_reports_its_own_ttfb():
+    from pipelines.tts import TTSSentenceTimingFrame
+
+    ticks = iter(range(100))
+    engine = ToneTTS(chunks=2)
+    service = EngineTTSService(engine, voice="tone", clock=lambda: float(next(ticks)))
+    down, _ = await run_test(service, frames_to_send=[TTSSpeakFrame("Hello there."), TTSSpeakFrame("Bye now.")])
+    timings = [f for f in down if isinstance(f, TTSSentenceTimingFrame)]
+    assert [t.text for t in timings] == ["Hello there.", "Bye now."]
+    assert all(t.ttfb_seconds > 0 for t in timings)  # each from its own request, on the injected clock
+
+
+async def test_orpheus_service_keeps_emotion_tags_and_drops_other_markup():
+    from models.orpheus.prompt import EMOTION_TAGS
+    from pipelines.tts import OrpheusTTSService
+
+    engine = ToneTTS(chunks=1)
+    service = OrpheusTTSService(engine, voice="tara", model="orpheus", emotion_tags=EMOTION_TAGS)
+    await run_test(service, frames_to_send=[TTSSpeakFrame("Well <laugh> that is <break time='1s'/> <b>funny</b>.")])
+    assert engine.sentences == ["Well <laugh> that is funny."]
+
+
 async def test_tts_service_streams_engine_audio_as_tts_frames():
     engine = ToneTTS(chunks=3)
     service = EngineTTSService(engine, voice="tone")

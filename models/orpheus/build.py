@@ -13,6 +13,7 @@ from agent.errors import CadenceError, ConfigError
 from models.base import TTSEngine
 from models.orpheus.decode_service import DecodeServiceConfig
 from models.orpheus.engine import OrpheusTTSEngine
+from models.orpheus.prompt import EMOTION_TAGS
 from models.orpheus.snac_decoder import load_snac
 from models.orpheus.token_source import OpenAICompletionsTokenSource, OrpheusSampling
 
@@ -55,6 +56,13 @@ def build_orpheus(config: OrpheusConfig, *, fallback: TTSEngine | None = None) -
     return engine if fallback is None else FallbackTTSEngine(engine, fallback)
 
 
+def without_emotion_tags(text: str) -> str:
+    """What the CPU voice can say of an Orpheus sentence: it would read `<laugh>` out loud."""
+    for tag in EMOTION_TAGS:
+        text = text.replace(tag, " ")
+    return " ".join(text.split())
+
+
 class FallbackTTSEngine(TTSEngine):
     """The primary voice; a sentence it fails before any audio is said by the fallback voice."""
 
@@ -90,7 +98,7 @@ class FallbackTTSEngine(TTSEngine):
                         exc.__class__.__name__, exc)
         # The voices run at different rates; one streaming resampler keeps chunk edges seamless.
         resampler = soxr.ResampleStream(self._fallback.sample_rate, self.sample_rate, 1, dtype="int16")
-        async for chunk in self._fallback.synthesize(text):
+        async for chunk in self._fallback.synthesize(without_emotion_tags(text)):
             yield resampler.resample_chunk(np.frombuffer(chunk, dtype=np.int16)).tobytes()
         yield resampler.resample_chunk(np.zeros(0, dtype=np.int16), last=True).tobytes()
 

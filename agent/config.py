@@ -109,6 +109,8 @@ class OrpheusConfig:
     # OpenAI-compatible server running Orpheus (vLLM, trtllm-serve), e.g. http://orpheus:8000/v1
     token_source: str = "in-process"
     model: str = "canopylabs/orpheus-3b-0.1-ft"  # the model name at that server
+    # "token_ids" (vLLM, trtllm-serve) or "text" (servers whose completions take only text: llama.cpp's)
+    prompt_format: str = "token_ids"
     # "bytes" (the in-process source's own), or Orpheus' tokenizer: a hub id or folder (transformers)
     tokenizer: str = "bytes"
     snac: str = "random"  # "random" (tests), "hubertsiuzdak/snac_24khz", or a local folder
@@ -175,6 +177,7 @@ def _validate(config: CadenceConfig) -> None:
         (config.tts.engine in ("piper", "orpheus"), "tts.engine must be piper or orpheus"),
         (1 <= config.tts.orpheus.max_batch <= 1024, "tts.orpheus.max_batch must be in [1, 1024]"),
         (0 <= config.tts.orpheus.batch_timeout_ms <= 200, "tts.orpheus.batch_timeout_ms must be in [0, 200]"),
+        (config.tts.orpheus.prompt_format in ("token_ids", "text"), "tts.orpheus.prompt_format must be token_ids or text"),
         (config.asr.beam_size >= 1, "asr.beam_size must be >= 1"),
         (0 <= config.asr.speculate_after_secs, "asr.speculate_after_secs must be >= 0"),
         (0 <= config.asr.encoder_padding_seconds < 30, "asr.encoder_padding_seconds must be in [0, 30)"),

@@ -37,6 +37,20 @@ def test_request_carries_prompt_ids_and_orpheus_sampling():
     assert body["stop_token_ids"] == [128258] and body["skip_special_tokens"] is False
 
 
+def test_a_text_prompt_names_the_control_tokens_and_leaves_the_bos_to_the_server():
+    from models.orpheus import prompt_ids
+    from models.orpheus.build import byte_detokenizer, byte_tokenizer
+
+    source = OpenAICompletionsTokenSource("http://h:1/v1", "orpheus", prompt_format="text", decode=byte_detokenizer)
+    body = source.request_body(prompt_ids(byte_tokenizer, "tara", "Hi <laugh> there."), OrpheusSampling())
+    assert body["prompt"] == ("<custom_token_3>tara: Hi <laugh> there.<|eot_id|>"
+                              "<custom_token_4><custom_token_5><custom_token_1>")
+    with pytest.raises(ValueError, match="decode"):
+        OpenAICompletionsTokenSource("http://h:1/v1", "orpheus", prompt_format="text")
+    with pytest.raises(ValueError, match="prompt_format"):
+        OpenAICompletionsTokenSource("http://h:1/v1", "orpheus", prompt_format="chat")
+
+
 @pytest.mark.parametrize("kwargs", [{"temperature": 0}, {"top_p": 1.5}, {"repetition_penalty": 0.9},
                                     {"max_tokens": 3}])
 def test_out_of_range_sampling_is_refused(kwargs):

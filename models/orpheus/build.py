@@ -26,25 +26,32 @@ def byte_tokenizer(text: str) -> list[int]:
     return [BEGIN_OF_TEXT, *text.encode("utf-8")]
 
 
-def hub_tokenizer(name: str) -> Callable[[str], list[int]]:
+def byte_detokenizer(ids: list[int]) -> str:
+    return bytes(ids).decode("utf-8", errors="replace")
+
+
+def hub_tokenizer(name: str) -> tuple[Callable[[str], list[int]], Callable[[list[int]], str]]:
+    """(encode, decode) of Orpheus' tokenizer from the hub or a folder."""
     try:
         from transformers import AutoTokenizer
     except ImportError as exc:
         raise ConfigError(f"tts.orpheus.tokenizer {name!r} needs transformers (pip install transformers)") from exc
     tokenizer = AutoTokenizer.from_pretrained(name)
-    return lambda text: tokenizer(text).input_ids
+    return (lambda text: tokenizer(text).input_ids), (lambda ids: tokenizer.decode(ids))
 
 
 def build_orpheus(config: OrpheusConfig, *, fallback: TTSEngine | None = None) -> TTSEngine:
+    tokenize, decode = (byte_tokenizer, byte_detokenizer) if config.tokenizer == "bytes" \
+        else hub_tokenizer(config.tokenizer)
     if config.token_source == "in-process":
         from models.orpheus.tiny_llama import InProcessTokenSource
 
         source = InProcessTokenSource()
     elif config.token_source.startswith(("http://", "https://")):
-        source = OpenAICompletionsTokenSource(config.token_source, config.model)
+        source = OpenAICompletionsTokenSource(config.token_source, config.model, prompt_format=config.prompt_format,
+                                              decode=decode)
     else:
         raise ConfigError(f"tts.orpheus.token_source {config.token_source!r}: use in-process or an http(s) URL")
-    tokenize = byte_tokenizer if config.tokenizer == "bytes" else hub_tokenizer(config.tokenizer)
     engine = OrpheusTTSEngine(
         voice=config.voice, tokenize=tokenize, token_source=source,
         load_decoder=lambda: load_snac(None if config.snac == "random" else config.snac, device=config.device),

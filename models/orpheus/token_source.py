@@ -2,17 +2,22 @@
 
 vLLM, TensorRT-LLM's `trtllm-serve` and other OpenAI-compatible servers stream the
 completion as text; Orpheus' audio tokens are added tokens named `<custom_token_N>`
-(id 128256 + N), which appear in that text when special tokens are not skipped. The
-prompt goes as token ids, so no tokenizer runs here and none can disagree with the
-server's. Closing the stream (barge-in) closes the HTTP response; the servers above
-abort a request whose client went away, freeing its batch slot.
+(id 128256 + N), which appear in that text when special tokens are not skipped.
+
+The prompt goes as token ids (`prompt_format="token_ids"`, vLLM and trtllm-serve), so no
+tokenizer runs here and none can disagree with the server's. Servers whose completions
+endpoint takes only text (llama.cpp's, LM Studio) get `prompt_format="text"`: the same
+ids rendered back to text, control tokens by name (`<custom_token_3>`, `<|eot_id|>`),
+which such servers tokenize back into the same ids; they add the BOS themselves.
+Closing the stream (barge-in) closes the HTTP response; the servers above abort a
+request whose client went away, freeing its batch slot.
 """
 
 from __future__ import annotations
 
 import json
 import re
-from collections.abc import AsyncIterator
+from collections.abc import AsyncIterator, Callable
 from dataclasses import dataclass
 
 import httpx
@@ -21,6 +26,9 @@ from agent.errors import CadenceError
 from models.orpheus.tokens import END_OF_SPEECH
 
 CUSTOM_TOKEN_BASE = 128256  # <custom_token_0>
+BEGIN_OF_TEXT = 128000
+_LLAMA3_CONTROL_TEXT = {128001: "<|end_of_text|>", 128009: "<|eot_id|>"}
+PROMPT_FORMATS = ("token_ids", "text")
 _TAG = re.compile(r"<custom_token_(\d+)>")
 _MAX_PARTIAL_TAG = len("<custom_token_1000000>")
 
@@ -71,17 +79,46 @@ class CustomTokenParser:
         return ids
 
 
+def prompt_as_text(prompt_ids: list[int], decode: Callable[[list[int]], str]) -> str:
+    """Prompt ids as text a text-prompt server tokenizes back into them: control tokens by
+    name, runs of ordinary ids through `decode`, and no BOS (the server adds its own)."""
+    pieces, run = [], []
+    for token in prompt_ids:
+        name = f"<custom_token_{token - CUSTOM_TOKEN_BASE}>" if token >= CUSTOM_TOKEN_BASE \
+            else _LLAMA3_CONTROL_TEXT.get(token)
+        if name is None and token != BEGIN_OF_TEXT:
+            run.append(token)
+            continue
+        if run:
+            pieces.append(decode(run))
+            run = []
+        if name is not None:
+            pieces.append(name)
+    if run:
+        pieces.append(decode(run))
+    return "".join(pieces)
+
+
 class OpenAICompletionsTokenSource:
     def __init__(self, base_url: str, model: str, *, api_key: str | None = None, connect_timeout_s: float = 5.0,
-                 read_timeout_s: float = 30.0, client: httpx.AsyncClient | None = None) -> None:
+                 read_timeout_s: float = 30.0, client: httpx.AsyncClient | None = None,
+                 prompt_format: str = "token_ids", decode: Callable[[list[int]], str] | None = None) -> None:
+        """`decode` (ordinary token ids -> text) is needed for prompt_format="text"."""
+        if prompt_format not in PROMPT_FORMATS:
+            raise ValueError(f"prompt_format {prompt_format!r}: use one of {PROMPT_FORMATS}")
+        if prompt_format == "text" and decode is None:
+            raise ValueError('prompt_format="text" needs the tokenizer\'s decode')
         self._url = base_url.rstrip("/") + "/completions"
         self._model = model
+        self._prompt_format = prompt_format
+        self._decode = decode
         self._headers = {"Authorization": f"Bearer {api_key}"} if api_key else {}
         self._client = client or httpx.AsyncClient(timeout=httpx.Timeout(read_timeout_s, connect=connect_timeout_s))
 
     def request_body(self, prompt_ids: list[int], sampling: OrpheusSampling) -> dict:
+        prompt = prompt_ids if self._prompt_format == "token_ids" else prompt_as_text(prompt_ids, self._decode)
         return {
-            "model": self._model, "prompt": prompt_ids, "stream": True, "max_tokens": sampling.max_tokens,
+            "model": self._model, "prompt": prompt, "stream": True, "max_tokens": sampling.max_tokens,
             "temperature": sampling.temperature, "top_p": sampling.top_p,
             "repetition_penalty": sampling.repetition_penalty,  # vLLM/TRT-LLM extension; llama.cpp: repeat_penalty
             "repeat_penalty": sampling.repetition_penalty,

@@ -19,7 +19,7 @@ DEBIAN_PACKAGES := espeak-ng flite sqlite3 chromium fonts-liberation
 BROWSER_HARNESS := tests/browser
 BROWSER_STAMP := $(BROWSER_HARNESS)/node_modules/.cadence-installed
 
-.PHONY: run test setup deps clean
+.PHONY: run test setup deps clean gpu-check
 
 run: setup
 	$(BIN)/cadence serve --config configs/default.yaml
@@ -28,6 +28,12 @@ test: setup
 	$(BIN)/python -m pytest -q
 
 setup: deps $(STAMP) $(BROWSER_STAMP)
+
+# GPU hosts only (never CI): the SNAC decoder's streaming, batching and real-time streams on
+# CUDA, eager then compiled, as one JSON object each. Needs a CUDA build of torch 2.13.
+gpu-check: setup
+	$(BIN)/cadence bench tts-codec --json --device cuda --batches 1,8,32,128 --max-streams 512 --trials 1
+	$(BIN)/cadence bench tts-codec --json --device cuda --batches 1,8,32,128 --max-streams 512 --trials 1 --compile
 
 # Debian packages: espeak-ng speaks the test callers' questions; chromium (with fonts, for
 # readable screenshots) runs the browser test. Node.js and npm usually come with the machine

@@ -76,13 +76,15 @@ def offline(snac, frames):
     return snac.decode(frames_tensor(frames))[0].numpy()
 
 
-def stream(streamer, frames, arrivals):
+def stream(streamer, frames, arrivals, *, flush_with_last=False):
     state, pieces, start = streamer.new_state(), [], 0
-    for n in arrivals:
-        pieces += [a.numpy() for a in streamer.step([state], torch.as_tensor(frames[None, start : start + n]))]
+    for i, n in enumerate(arrivals):
+        last = flush_with_last and i == len(arrivals) - 1
+        pieces += [a.numpy() for a in streamer.step([state], torch.as_tensor(frames[None, start : start + n]),
+                                                    final=last)]
         start += n
-    state.total_frames = state.frames_in
-    pieces += [a.numpy() for a in streamer.step([state], None)]
+    if not flush_with_last:
+        pieces += [a.numpy() for a in streamer.step([state], None)]
     assert state.finished
     return np.concatenate(pieces)
 
@@ -90,15 +92,16 @@ def stream(streamer, frames, arrivals):
 @pytest.mark.slow
 def test_the_stream_lags_by_snacs_look_ahead_and_flushes_it_at_the_end(streamer):
     assert streamer.delay_samples == 4757  # ~2.3 frames, summed over the decoder's layers
-    assert streamer.flush_frames == 3
+    assert streamer.flush_latent_steps == 10  # 10 x 512 samples cover it
 
 
 @pytest.mark.slow
-@pytest.mark.parametrize("arrivals", [[1] * 30, [3, 1, 7, 2, 9, 8], [30], [2] * 15])
-def test_streamed_audio_is_the_offline_audio_whatever_the_arrival_pattern(snac, streamer, arrivals):
+@pytest.mark.parametrize("arrivals, flush_with_last", [([1] * 30, False), ([3, 1, 7, 2, 9, 8], False),
+                                                       ([30], True), ([2] * 15, True)])
+def test_streamed_audio_is_the_offline_audio_whatever_the_arrival_pattern(snac, streamer, arrivals, flush_with_last):
     frames = np.random.default_rng(5).integers(0, 4096, (30, 7))
     frames[0, 0], frames[-1, -1] = 0, 4095
-    streamed = stream(streamer, frames, arrivals)
+    streamed = stream(streamer, frames, arrivals, flush_with_last=flush_with_last)
     assert len(streamed) == 30 * SAMPLES_PER_FRAME
     np.testing.assert_allclose(streamed, offline(snac, frames), atol=EXACT_ATOL)
 
@@ -122,8 +125,6 @@ def test_streams_at_different_points_share_a_step_and_each_gets_its_own_audio(sn
         out_a, out_b = streamer.step([a, b], torch.as_tensor(np.stack([old[10 + i : 11 + i], new[i : i + 1]])))
         pieces_a.append(out_a.numpy())
         pieces_b.append(out_b.numpy())
-    for state in (a, b):
-        state.total_frames = state.frames_in
     flushed_a, flushed_b = streamer.step([a, b], None)
     np.testing.assert_allclose(np.concatenate(pieces_a + [flushed_a.numpy()]), offline(snac, old), atol=EXACT_ATOL)
     np.testing.assert_allclose(np.concatenate(pieces_b + [flushed_b.numpy()]), offline(snac, new), atol=EXACT_ATOL)
@@ -132,14 +133,13 @@ def test_streams_at_different_points_share_a_step_and_each_gets_its_own_audio(sn
 @pytest.mark.slow
 def test_misuse_of_a_stream_is_refused(streamer):
     state = streamer.new_state()
-    with pytest.raises(ValueError, match="has not ended"):
-        streamer.step([state], None)
     with pytest.raises(ValueError, match=r"\(streams, n, 7\)"):
         streamer.step([state], torch.zeros(1, 2, 6, dtype=torch.long))
-    streamer.step([state], torch.zeros(1, 2, 7, dtype=torch.long))
-    state.total_frames = 2
-    with pytest.raises(ValueError, match="past the stream's end"):
+    streamer.step([state], torch.zeros(1, 2, 7, dtype=torch.long), final=True)
+    with pytest.raises(ValueError, match="after its end"):
         streamer.step([state], torch.zeros(1, 1, 7, dtype=torch.long))
+    with pytest.raises(ValueError, match="after its end"):
+        streamer.step([state], None)
 
 
 @pytest.mark.slow
@@ -150,7 +150,7 @@ def test_the_head_start_frame_is_close_and_everything_after_it_exact(snac, strea
     assert len(streamed) == len(reference)
     assert snr_db(reference, streamed) > HEAD_START_SNR_FLOOR_DB
     np.testing.assert_allclose(streamed[SAMPLES_PER_FRAME:], reference[SAMPLES_PER_FRAME:], atol=EXACT_ATOL)
-    assert decoded == 20 + 2 + streamer.flush_frames  # each frame once, plus head start and flush
+    assert decoded == 20 + 2 + 2.5  # each frame once, plus the head start (2) and the flush (10 latent steps)
 
 
 @pytest.mark.slow
@@ -326,7 +326,7 @@ async def test_fast_tokens_get_a_head_start_and_the_offline_audio_after_it(snac)
     assert stats.head_start and stats.frames_for_first_audio == 2  # 14 tokens
     assert len(chunks[0]) == SAMPLES_PER_FRAME and len(streamed) == len(reference)
     np.testing.assert_allclose(streamed[SAMPLES_PER_FRAME:], reference[SAMPLES_PER_FRAME:], atol=EXACT_ATOL)
-    assert stats.decoded_frames == 20 + 2 + 3
+    assert stats.decoded_frames == 20 + 2 + 2.5
 
 
 @pytest.mark.slow

@@ -32,7 +32,7 @@ import numpy as np
 import torch
 
 from agent.errors import CapacityError
-from models.orpheus.snac_decoder import SnacDecoder
+from models.orpheus.snac_decoder import LATENT_STEPS_PER_FRAME, SnacDecoder
 from models.orpheus.snac_stream import SnacStreamer, StreamState
 
 
@@ -94,9 +94,9 @@ class SnacDecodeService:
         return self._streamer.delay_samples
 
     @property
-    def flush_frames(self) -> int:
-        """Frames of zeros a stream's flush runs through the decoder."""
-        return self._streamer.flush_frames
+    def flush_frames(self) -> float:
+        """Frames' worth of zeros a stream's flush runs through the decoder."""
+        return self._streamer.flush_latent_steps / LATENT_STEPS_PER_FRAME
 
     @property
     def queue_depth(self) -> int:
@@ -121,7 +121,9 @@ class SnacDecodeService:
 
     def _compiled_decode(self):
         model = self._decoder.model
-        model.decode = torch.compile(model.decode, dynamic=False)
+        if not getattr(model, "cadence_compiled", False):  # a decoder shared by services compiles once
+            model.decode = torch.compile(model.decode, dynamic=False)
+            model.cadence_compiled = True
         return self._decoder.decode
 
     def warm_up(self) -> None:
@@ -131,8 +133,7 @@ class SnacDecodeService:
             state = self._streamer.new_state()
             for _ in range(3):
                 self._streamer.step([state], torch.zeros(1, 1, 7, dtype=torch.long))
-            state.total_frames = state.frames_in
-            self._streamer.step([state], None)
+            self._streamer.step([state], torch.zeros(1, 1, 7, dtype=torch.long), final=True)
         self._executor.submit(run).result()
 
     def open_stream(self) -> StreamState:
@@ -169,14 +170,15 @@ class SnacDecodeService:
         frames = np.asarray(frames, dtype=np.int64)
         return await self._submit(("window", len(frames)), frames, first_frame, stream)
 
-    async def step(self, state: StreamState, frames: np.ndarray | None) -> np.ndarray:
-        """A stream's newly final audio after feeding it (n, 7) more frames, or, with None,
-        after its codes ended (`state.total_frames` set): the rest of its audio. One step
-        per stream at a time: each moves the stream's state on."""
+    async def step(self, state: StreamState, frames: np.ndarray | None, *, final: bool = False) -> np.ndarray:
+        """A stream's newly final audio after feeding it (n, 7) more frames. `final`: they
+        are its last, and the rest of its audio comes too; `frames=None` ends a stream
+        whose last frames were already fed. One step per stream at a time: each moves the
+        stream's state on."""
         if frames is None:
             return await self._submit(("flush",), None, 0, state)
         frames = np.asarray(frames, dtype=np.int64)
-        return await self._submit(("step", len(frames)), frames, 0, state)
+        return await self._submit(("final" if final else "step", len(frames)), frames, 0, state)
 
     async def _submit(self, key: tuple, frames: np.ndarray | None, first_frame: int,
                       state: StreamState | None) -> np.ndarray:
@@ -242,4 +244,5 @@ class SnacDecodeService:
             starts = torch.as_tensor([r.first_frame for r in group], dtype=torch.long)
             return list(self._decode(frames, starts).float().cpu().numpy())
         frames = None if kind == "flush" else torch.as_tensor(np.stack([r.frames for r in group]))
-        return [a.float().cpu().numpy() for a in self._streamer.step([r.state for r in group], frames)]
+        audio = self._streamer.step([r.state for r in group], frames, final=kind != "step")
+        return [a.float().cpu().numpy() for a in audio]

@@ -40,7 +40,7 @@ class StreamState:
 
     tensors: list[torch.Tensor]  # per stateful layer, batch dimension 1
     frames_in: int = 0  # frames fed so far (flush frames included)
-    total_frames: int | None = None  # set when the stream's codes end
+    total_frames: int | None = None  # set by the final step: the stream's length
     next_sample: int = 0  # the first sample not yet returned (a head start may have covered some)
 
     @property
@@ -124,7 +124,8 @@ class SnacStreamer:
         last = self._layers[-1]
         assert last.rate == SAMPLES_PER_FRAME, last.rate
         self.delay_samples = last.lag
-        self.flush_frames = math.ceil(self.delay_samples / SAMPLES_PER_FRAME)
+        # A flush runs this many zero latent steps (512 samples each) through the decoder.
+        self.flush_latent_steps = math.ceil(self.delay_samples / (SAMPLES_PER_FRAME // LATENT_STEPS_PER_FRAME))
         self._latent_channels = self._layers[0].weight.shape[0]
         self._device = decoder.device
 
@@ -188,28 +189,34 @@ class SnacStreamer:
         return StreamState([torch.zeros(1, c, n, device=self._device) for c, n in self._state_shapes])
 
     @torch.inference_mode()
-    def step(self, states: list[StreamState], frames: torch.Tensor | None) -> list[torch.Tensor]:
-        """Feeds (batch, n, 7) frame codes, one row per stream, or None to flush streams whose
-        codes have ended. Returns each stream's newly final audio (float, may be empty)."""
+    def step(self, states: list[StreamState], frames: torch.Tensor | None, *, final: bool = False
+             ) -> list[torch.Tensor]:
+        """Feeds (batch, n, 7) frame codes, one row per stream. `final`: these are the streams'
+        last frames; the rest of their audio comes out in the same pass (a flush appended).
+        `frames=None` flushes streams whose last frames were already fed. Returns each
+        stream's newly final audio (float, may be empty)."""
+        if any(s.total_frames is not None for s in states):
+            raise ValueError("step of a stream after its end")
         if frames is None:
-            if any(s.total_frames is None for s in states):
-                raise ValueError("flush of a stream that has not ended")
-            n = self.flush_frames
-            latent = torch.zeros(len(states), self._latent_channels, n * LATENT_STEPS_PER_FRAME, device=self._device)
+            n, latent, final = 0, None, True
         else:
             if frames.dim() != 3 or frames.shape[0] != len(states) or frames.shape[2] != FRAME_TOKENS:
                 raise ValueError(f"frames must be (streams, n, 7), got {tuple(frames.shape)}")
-            if any(s.total_frames is not None and s.frames_in + frames.shape[1] > s.total_frames for s in states):
-                raise ValueError("frames fed past the stream's end")
             n = frames.shape[1]
             latent = self._latent(frames.to(self._device))
+        if final:
+            # Zeros past the end, as offline padding; enough latent steps to bring out the delay.
+            flush = torch.zeros(len(states), self._latent_channels, self.flush_latent_steps, device=self._device)
+            latent = flush if latent is None else torch.cat([latent, flush], dim=2)
+            for state in states:
+                state.total_frames = state.frames_in + n
         frames_in = [s.frames_in for s in states]
         ending = [s.total_frames if s.total_frames is not None else 1 << 40 for s in states]
         batched = [torch.cat([s.tensors[i] for s in states]) for i in range(len(self._state_shapes))]
         audio = self._run(self._layers, latent, batched, frames_in, ending)[:, 0]
         out = []
         for row, state in enumerate(states):
-            state.tensors = [t[row : row + 1].clone() for t in batched]
+            state.tensors = [] if final else [t[row : row + 1].clone() for t in batched]
             first = state.frames_in * SAMPLES_PER_FRAME - self.delay_samples
             state.frames_in += n
             out.append(self._take(state, audio[row], first))

@@ -12,9 +12,11 @@ trails the codes by ~2.3 frames (SNAC's look-ahead). Two choices on top:
   forward passes). Under light load each frame is decoded as it comes; under heavy load
   steps grow and the fixed cost per step is shared by more audio.
 - a steady start: without a head start, the exact stream's first audio is held until it
-  covers the predicted wait for the next (the recent frame interval plus the last step's
-  decode time), so that playback, once started, does not stall; the first fragment alone
-  (~0.7 frame) would run dry before the next frame came at real time.
+  covers the longest wait ahead, predicted from the recent frame interval and decode time
+  per frame: the next frame and its decode, or the last step, which also decodes the
+  flush. Playback, once started, then does not stall; the first fragment alone (~0.7
+  frame) would run dry before the next frame came at real time. The hold grows with the
+  decoder's load: ~1.7 frames when idle, more when many streams share it.
 """
 
 from __future__ import annotations
@@ -81,7 +83,7 @@ async def stream_audio(tokens: AsyncIterator[list[int]], service: SnacDecodeServ
     ended = False
     held: list[np.ndarray] = []  # exact audio kept back until playback can start without a stall
     started = False
-    step_seconds = 0.0
+    frame_seconds = 0.0
     try:
         while True:
             if stepped == len(frames) and not ended:
@@ -101,16 +103,21 @@ async def stream_audio(tokens: AsyncIterator[list[int]], service: SnacDecodeServ
                     yield audio[:SAMPLES_PER_FRAME]
             if stepped < len(frames):
                 n = plan.step_frames(len(frames) - stepped)
+                # The last frames and the flush go in one pass: a stream's end waits no extra round.
+                final = ended and stepped + n == len(frames)
                 began = clock()
-                audio = await service.step(state, np.stack(frames[stepped : stepped + n]))
-                step_seconds = clock() - began
+                audio = await service.step(state, np.stack(frames[stepped : stepped + n]), final=final)
+                frame_seconds = (clock() - began) / n  # decode wall time per frame, at the current load
                 stepped += n
-                stats.decoded_frames += n
+                stats.decoded_frames += n + (service.flush_frames if final else 0)
                 stats.steps += 1
-            elif ended:
-                state.total_frames = stepped
+            elif ended:  # nothing fed (an empty utterance); or frames ran out with no end yet seen
+                final = True
                 audio = await service.step(state, None) if stepped else np.zeros(0, np.float32)
                 stats.decoded_frames += service.flush_frames if stepped else 0
+            else:
+                continue
+            if final:
                 stats.frames = stepped
                 audio = np.concatenate(held + [audio])
                 if not started:
@@ -118,11 +125,9 @@ async def stream_audio(tokens: AsyncIterator[list[int]], service: SnacDecodeServ
                 if len(audio):
                     yield audio
                 return
-            else:
-                continue
             if not started and len(audio):
                 held.append(audio)
-                if sum(map(len, held)) / SAMPLE_RATE < _frame_interval(arrived_at) + step_seconds:
+                if sum(map(len, held)) / SAMPLE_RATE < _start_buffer(arrived_at, frame_seconds, service.flush_frames):
                     continue
                 audio, held, started = np.concatenate(held), [], True
                 stats.frames_for_first_audio = stepped
@@ -163,6 +168,13 @@ def _take(item, frames: list[np.ndarray], arrived_at: list[float]) -> bool:
     frames.extend(done)
     arrived_at.extend([at] * len(done))
     return False
+
+
+def _start_buffer(arrived_at: list[float], frame_seconds: float, flush_frames: float) -> float:
+    """Seconds of audio to hold before playback starts: enough to cover the wait for the
+    next step (the next frame, then its decode), and the stream's last step, which also
+    decodes the flush (under load, the longest wait of the stream)."""
+    return max(_frame_interval(arrived_at) + frame_seconds, frame_seconds * (1 + flush_frames))
 
 
 def _frame_interval(arrived_at: list[float], recent: int = 4) -> float:

@@ -75,3 +75,19 @@ def server_config(default_config: CadenceConfig, tmp_path: Path) -> CadenceConfi
 def server(server_config: CadenceConfig, embedded_engines: Engines) -> Iterator[RunningServer]:
     with running_server(server_config, embedded_engines) as running:
         yield running
+
+
+async def finished_call(base_url: str, external_id: str, *, timeout_s: float = 5.0) -> dict:
+    """The stored call a caller's external id names, once the server has closed it."""
+    import asyncio
+
+    import httpx
+
+    async with httpx.AsyncClient(base_url=base_url) as http:
+        call_id = (await http.get("/api/calls", params={"external_id": external_id})).json()["calls"][0]["id"]
+        for _ in range(int(timeout_s / 0.1)):
+            call = (await http.get(f"/api/calls/{call_id}")).json()
+            if not call["live"]:
+                return call
+            await asyncio.sleep(0.1)
+    raise AssertionError(f"call {call_id} still live after {timeout_s} s")

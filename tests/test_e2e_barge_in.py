@@ -5,12 +5,12 @@ from __future__ import annotations
 
 import asyncio
 
-import httpx
 import pytest
 
 from latency_bench import twilio_caller
 from latency_bench.audio import speak
 from latency_bench.conversation import PlannedTurn
+from tests.conftest import finished_call
 
 pytestmark = [pytest.mark.e2e, pytest.mark.slow]
 
@@ -53,13 +53,7 @@ async def test_caller_speech_stops_the_reply_and_the_context_keeps_only_what_was
     assert first.late_reply_seconds <= 0.5
     assert second.first_audible_at is not None, "the agent did not answer the barge-in"
 
-    async with httpx.AsyncClient(base_url=server.base_url) as http:
-        call_id = (await http.get("/api/calls", params={"external_id": result.call_sid})).json()["calls"][0]["id"]
-        for _ in range(50):
-            call = (await http.get(f"/api/calls/{call_id}")).json()
-            if not call["live"]:
-                break
-            await asyncio.sleep(0.1)
+    call = await finished_call(server.base_url, result.call_sid)
     interrupted = call["turns"][0]
     assert interrupted["interrupted"] is True
     # What was spoken before the barge-in: a phrase or, if the first phrase was still playing,

@@ -6,7 +6,6 @@ from __future__ import annotations
 import asyncio
 from dataclasses import replace
 
-import httpx
 import numpy as np
 import pytest
 
@@ -23,7 +22,7 @@ from models.orpheus.tiny_llama import InProcessTokenSource
 from models.orpheus.token_source import OrpheusSampling
 from models.orpheus.tokens import END_OF_SPEECH, FrameAssembler, SAMPLE_RATE
 from pipelines.voice import Engines
-from tests.conftest import running_server
+from tests.conftest import finished_call, running_server
 
 
 def test_long_sentences_are_split_at_clause_breaks_under_the_request_limit():
@@ -103,13 +102,7 @@ async def test_a_phone_call_is_answered_in_the_orpheus_voice(embedded_engines, s
         with running_server(config, engines) as server:
             result = await twilio_caller.call(f"{server.ws_url}/ws/twilio", [PlannedTurn.of(samples, rate)],
                                               keep_audio=True)
-            async with httpx.AsyncClient(base_url=server.base_url) as http:
-                call_id = (await http.get("/api/calls", params={"external_id": result.call_sid})).json()["calls"][0]["id"]
-                for _ in range(50):
-                    call = (await http.get(f"/api/calls/{call_id}")).json()
-                    if not call["live"]:
-                        break
-                    await asyncio.sleep(0.1)
+            call = await finished_call(server.base_url, result.call_sid)
     finally:
         await orpheus.close()
     stored, = call["turns"]

@@ -5,15 +5,13 @@ ids, cannot run here; llama.cpp's completions endpoint takes text (prompt_format
 
 from __future__ import annotations
 
-import subprocess
 import sys
-import time
 
 import httpx
 import numpy as np
 import pytest
 
-from latency_bench.servers import free_port
+from latency_bench.servers import child, free_port
 from models.orpheus import FrameAssembler, prompt_ids
 from models.orpheus.build import byte_detokenizer, byte_tokenizer
 from models.orpheus.engine import OrpheusTTSEngine
@@ -33,25 +31,11 @@ def llama_cpp_server(tmp_path_factory):
     folder = tmp_path_factory.mktemp("llama-cpp")
     model = folder / "tiny-orpheus.gguf"
     write_tiny_orpheus_gguf(model)
-    port = free_port()
-    log = open(folder / "server.log", "wb")
-    process = subprocess.Popen([sys.executable, "-m", "llama_cpp.server", "--model", str(model), "--host", "127.0.0.1",
-                                "--port", str(port), "--n_ctx", "4096"], stdout=log, stderr=subprocess.STDOUT)
-    url = f"http://127.0.0.1:{port}"
-    try:
-        for _ in range(300):
-            try:
-                if httpx.get(url + "/v1/models", timeout=1).status_code == 200:
-                    break
-            except httpx.TransportError:
-                time.sleep(0.1)
-        else:
-            raise RuntimeError((folder / "server.log").read_text()[-2000:])
+    url = f"http://127.0.0.1:{free_port()}"
+    argv = [sys.executable, "-m", "llama_cpp.server", "--model", str(model), "--host", "127.0.0.1",
+            "--port", url.rsplit(":", 1)[1], "--n_ctx", "4096"]
+    with child(argv, folder / "server.log", url + "/v1/models", timeout_s=60):
         yield url
-    finally:
-        process.terminate()
-        process.wait(10)
-        log.close()
 
 
 def text_source(url: str) -> OpenAICompletionsTokenSource:

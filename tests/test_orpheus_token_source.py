@@ -67,31 +67,14 @@ def test_a_malformed_stream_event_is_a_clear_error():
 @pytest.fixture
 def dev_server(tmp_path):
     """The Orpheus dev token server as a real process on a free loopback port."""
-    import subprocess
     import sys
-    import time
 
-    import httpx
+    from latency_bench.servers import child, free_port
 
-    from latency_bench.servers import free_port
-
-    port = free_port()
-    process = subprocess.Popen([sys.executable, "-m", "models.orpheus.dev_server", "--port", str(port)],
-                               stdout=subprocess.DEVNULL, stderr=open(tmp_path / "server.log", "wb"))
-    url = f"http://127.0.0.1:{port}"
-    try:
-        for _ in range(200):
-            try:
-                if httpx.get(url + "/v1/models", timeout=1).status_code == 200:
-                    break
-            except httpx.TransportError:
-                time.sleep(0.1)
-        else:
-            raise RuntimeError((tmp_path / "server.log").read_text())
+    url = f"http://127.0.0.1:{free_port()}"
+    argv = [sys.executable, "-m", "models.orpheus.dev_server", "--port", url.rsplit(":", 1)[1]]
+    with child(argv, tmp_path / "server.log", url + "/v1/models", timeout_s=60):
         yield url
-    finally:
-        process.terminate()
-        process.wait(10)
 
 
 @pytest.mark.slow

@@ -99,18 +99,18 @@ def window_throughput(decoder: SnacDecoder, window_frames: int, emit_frames: int
     return emit_frames * FRAME_SECONDS / seconds
 
 
-async def realtime_tokens(token_ids: list[int]):
-    """A token source at exactly real time (~82 tokens/s): the slowest it may be."""
+async def realtime_tokens(token_ids: list[int], speed: float = 1.0):
+    """A token source at `speed` x real time (1.0: ~82 tokens/s, the slowest it may be)."""
     started = time.perf_counter()
     for frame in range(len(token_ids) // FRAME_TOKENS):
-        await asyncio.sleep(max(0.0, started + (frame + 1) * FRAME_SECONDS - time.perf_counter()))
+        await asyncio.sleep(max(0.0, started + (frame + 1) * FRAME_SECONDS / speed - time.perf_counter()))
         yield token_ids[frame * FRAME_TOKENS : (frame + 1) * FRAME_TOKENS]
     yield [END_OF_SPEECH]
 
 
 async def service_realtime_check(decoder: SnacDecoder, streams: int, frames_per_stream: int,
                                  config: DecodeServiceConfig = DecodeServiceConfig(max_batch=64),
-                                 stats: list[StreamStats] | None = None) -> float:
+                                 stats: list[StreamStats] | None = None, speed: float = 1.0) -> float:
     """`streams` concurrent utterances, tokens at real time, through the production path
     (`stream_audio` on the batching service). Returns the worst lag (s) of any audio chunk
     behind its playback deadline, playback starting with each stream's first chunk."""
@@ -126,7 +126,7 @@ async def service_realtime_check(decoder: SnacDecoder, streams: int, frames_per_
         stream_stats = StreamStats()
         if stats is not None:
             stats.append(stream_stats)
-        async for chunk in stream_audio(realtime_tokens(tokens), service, stats=stream_stats):
+        async for chunk in stream_audio(realtime_tokens(tokens, speed), service, stats=stream_stats):
             now = time.perf_counter()
             if played_until is None:
                 played_until = now
@@ -170,6 +170,9 @@ def run(*, frames: int = 48, seed: int = 0, max_streams: int = 32, quick: bool =
     alone: list[StreamStats] = []
     service_config = DecodeServiceConfig(max_batch=64, compile=compile)
     asyncio.run(service_realtime_check(decoder, 1, 12, service_config, stats=alone))
+    # A GPU token server at full load runs a little faster than real time: the two-frame head start.
+    loaded: list[StreamStats] = []
+    asyncio.run(service_realtime_check(decoder, 1, 12, service_config, stats=loaded, speed=1.25))
     sustained, lags, first_audio = 0, {}, {}
     streams = 1
     while streams <= max_streams:
@@ -187,6 +190,7 @@ def run(*, frames: int = 48, seed: int = 0, max_streams: int = 32, quick: bool =
         "tokens_to_first_audio": plan.tokens_to_first_audio,
         "tokens_to_first_exact_audio": exact_tokens_to_first_audio(streamer),
         "tokens_to_first_audio_at_real_time": alone[0].frames_for_first_audio * FRAME_TOKENS,
+        "tokens_to_first_audio_at_1_25x_real_time": loaded[0].frames_for_first_audio * FRAME_TOKENS,
         "baseline_tokens_to_first_audio": BASELINE_WINDOW_FRAMES * FRAME_TOKENS,
         "decode_frames_per_emitted_frame": round(decoded / frames, 3),
         "baseline_decode_frames_per_emitted_frame": round(base_decoded / len(base_emitted), 3),

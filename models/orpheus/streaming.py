@@ -2,11 +2,12 @@
 
 Every frame goes once through the exact streaming decoder (`snac_stream`), whose audio
 trails the codes by ~2.3 frames (SNAC's look-ahead). Two choices on top:
-- head start: when tokens come fast (at least `head_start_min_speed` × real time between
-  the first frames), frame 0 is decoded on its own as soon as frame 1 is in (14 tokens)
-  and played while the exact stream catches up (it then continues from frame 1). When
-  tokens come at about real time, a head start would leave a gap after frame 0 (the exact
-  stream needs ~3.3 more frames), so the stream waits for its first exact audio (21 tokens).
+- head start: the first frame(s) are decoded on their own (one frame of look-ahead) and
+  played while the exact stream catches up, which then continues where they end. It is
+  taken only when, at the measured token speed and decode time, the exact stream will
+  have the audio that follows before the head start has played out: one frame (14 tokens)
+  when tokens come at ~2.5x real time or faster, two frames (21 tokens) from ~1.15x (a
+  GPU token server at full load), none at real time.
 - self-clocking steps: a step takes every frame that arrived while the last one ran (up
   to `max_step_frames`, in sizes from `step_sizes` so that steps of many streams share
   forward passes). Under light load each frame is decoded as it comes; under heavy load
@@ -37,19 +38,19 @@ FRAME_SECONDS = SAMPLES_PER_FRAME / SAMPLE_RATE
 @dataclass(frozen=True)
 class StreamPlan:
     head_start: bool = True
-    head_start_lookahead: int = 1  # frames after frame 0 its head-start decode sees
-    head_start_min_speed: float = 2.0  # token speed (× real time) that keeps a head start gap-free
+    head_start_lookahead: int = 1  # frames after the head start's last frame that its decode sees
+    head_start_max_frames: int = 2  # frames a head start may cover (a longer one is taken at slower speeds)
+    head_start_margin_s: float = 0.015  # spare time the predicted hand-over must leave (token jitter)
     step_sizes: tuple[int, ...] = (1, 2, 4)  # frames per step; the largest that has arrived is taken
 
     def __post_init__(self) -> None:
-        if self.head_start_lookahead < 0 or self.head_start_min_speed <= 0 or not self.step_sizes \
-                or min(self.step_sizes) != 1:
+        if self.head_start_lookahead < 0 or self.head_start_max_frames < 1 or self.head_start_margin_s < 0 \
+                or not self.step_sizes or min(self.step_sizes) != 1:
             raise ValueError(f"invalid stream plan {self}")
 
     @property
     def tokens_to_first_audio(self) -> int:
-        """With a head start; without one, the exact stream's first audio needs
-        ceil(delay / frame) + 1 frames."""
+        """With the shortest head start (tokens much faster than real time)."""
         return (1 + self.head_start_lookahead) * FRAME_TOKENS
 
     def step_frames(self, waiting: int) -> int:
@@ -83,31 +84,39 @@ async def stream_audio(tokens: AsyncIterator[list[int]], service: SnacDecodeServ
     ended = False
     held: list[np.ndarray] = []  # exact audio kept back until playback can start without a stall
     started = False
-    frame_seconds = 0.0
+    frame_seconds = step_seconds = 0.0
     try:
         while True:
             if stepped == len(frames) and not ended:
                 ended = _take(await arrivals.get(), frames, arrived_at)
             while not arrivals.empty() and not ended:
                 ended = _take(arrivals.get_nowait(), frames, arrived_at)
-            if not decided and (len(frames) > plan.head_start_lookahead or ended):
-                decided = True
-                # (only while the exact stream has emitted nothing: it must continue where frame 0 ends)
-                if _fast_enough(plan, arrived_at) and state.next_sample == 0 and state_is_silent(service, stepped):
-                    window = np.stack(frames[: 1 + plan.head_start_lookahead])
+            if not decided:
+                # The shortest head start that hands over seamlessly; none once the exact stream
+                # has spoken, the utterance ended, or even the longest one would not hand over.
+                available = min(len(frames) - plan.head_start_lookahead, plan.head_start_max_frames)
+                covered = next((h for h in range(1, available + 1) if head_start_is_seamless(
+                    plan, h, _frame_interval(arrived_at), step_seconds, service.delay_samples)), None)
+                if covered is not None and stepped * SAMPLES_PER_FRAME <= service.delay_samples:
+                    decided = True
+                    window = np.stack(frames[: covered + plan.head_start_lookahead])
                     audio = await service.decode(window, 0, stream=state)
-                    state.next_sample = SAMPLES_PER_FRAME
+                    state.next_sample = covered * SAMPLES_PER_FRAME
                     stats.decoded_frames += len(window)
                     stats.head_start = started = True
                     stats.frames_for_first_audio = len(window)
-                    yield audio[:SAMPLES_PER_FRAME]
+                    yield audio[: state.next_sample]
+                elif ended or available >= plan.head_start_max_frames \
+                        or stepped * SAMPLES_PER_FRAME > service.delay_samples:
+                    decided = True  # the steady start
             if stepped < len(frames):
                 n = plan.step_frames(len(frames) - stepped)
                 # The last frames and the flush go in one pass: a stream's end waits no extra round.
                 final = ended and stepped + n == len(frames)
                 began = clock()
                 audio = await service.step(state, np.stack(frames[stepped : stepped + n]), final=final)
-                frame_seconds = (clock() - began) / n  # decode wall time per frame, at the current load
+                step_seconds = clock() - began
+                frame_seconds = step_seconds / n  # decode wall time per frame, at the current load
                 stepped += n
                 stats.decoded_frames += n + (service.flush_frames if final else 0)
                 stats.steps += 1
@@ -183,16 +192,13 @@ def _frame_interval(arrived_at: list[float], recent: int = 4) -> float:
     return (window[-1] - window[0]) / (len(window) - 1) if len(window) > 1 else FRAME_SECONDS
 
 
-def state_is_silent(service: SnacDecodeService, stepped: int) -> bool:
-    """Has the exact stream, after `stepped` frames, returned no audio yet?"""
-    return stepped * SAMPLES_PER_FRAME <= service.delay_samples
-
-
-def _fast_enough(plan: StreamPlan, arrived_at: list[float]) -> bool:
-    """Did the frames after frame 0 come at `head_start_min_speed` × real time or faster?"""
-    needed = plan.head_start_lookahead
-    if len(arrived_at) <= needed:
-        return False
-    if needed == 0:
-        return True
-    return arrived_at[needed] - arrived_at[0] <= needed * FRAME_SECONDS / plan.head_start_min_speed
+def head_start_is_seamless(plan: StreamPlan, frames_covered: int, frame_interval: float, step_seconds: float,
+                           delay_samples: int) -> bool:
+    """Would a head start over `frames_covered` frames (decoded now, with the plan's
+    look-ahead) play out only after the exact stream has the audio that follows it?
+    The exact stream needs the frames up to `delay_samples` past the head start's end;
+    they come `frame_interval` apart, then take about `step_seconds` to decode."""
+    frames_needed = frames_covered + delay_samples // SAMPLES_PER_FRAME + 1
+    frames_to_wait = frames_needed - (frames_covered + plan.head_start_lookahead)
+    wait = frames_to_wait * frame_interval + step_seconds + plan.head_start_margin_s
+    return wait <= frames_covered * FRAME_SECONDS

@@ -5,6 +5,7 @@ service, and the stream driver (head start, steady start, barge-in)."""
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import threading
 
 import numpy as np
@@ -215,43 +216,44 @@ async def wait_until(condition, timeout_s: float = 5.0) -> None:
     raise AssertionError("condition not met")
 
 
-async def test_a_cancelled_window_takes_no_batch_slot():
+@contextlib.asynccontextmanager
+async def blocked_service(config: DecodeServiceConfig):
+    """A service whose first window (the blocker) is held inside the decoder until the
+    test opens `decoder.gate`: whatever is submitted next waits in the queue."""
     decoder = GatedDecoder()
-    service = SnacDecodeService(decoder, DecodeServiceConfig(max_batch=2, batch_timeout_ms=20))
+    service = SnacDecodeService(decoder, config)
     await service.start()
     try:
-        window = np.zeros((4, 7), dtype=np.int64)
-        blocker = asyncio.create_task(service.decode(window, 0))
+        blocker = asyncio.create_task(service.decode(WINDOW, 0))
         await wait_until(decoder.entered.is_set)  # the blocker's batch is inside the decoder
-        doomed = asyncio.create_task(service.decode(window, 1))
-        kept = [asyncio.create_task(service.decode(window, i)) for i in (2, 3)]
+        yield decoder, service, blocker
+    finally:
+        decoder.gate.set()
+        await service.close()
+
+
+WINDOW = np.zeros((4, 7), dtype=np.int64)
+
+
+async def test_a_cancelled_window_takes_no_batch_slot():
+    async with blocked_service(DecodeServiceConfig(max_batch=2, batch_timeout_ms=20)) as (decoder, service, blocker):
+        doomed = asyncio.create_task(service.decode(WINDOW, 1))
+        kept = [asyncio.create_task(service.decode(WINDOW, i)) for i in (2, 3)]
         await wait_until(lambda: service.queue_depth == 3)
         doomed.cancel()  # the caller barged in before its window was batched
         decoder.gate.set()
         await asyncio.gather(blocker, *kept)
         assert decoder.batches == [1, 2]  # the two live windows shared a batch; the cancelled one took none
-    finally:
-        decoder.gate.set()
-        await service.close()
 
 
 async def test_a_full_queue_refuses_at_once_instead_of_queueing():
-    decoder = GatedDecoder()
-    service = SnacDecodeService(decoder, DecodeServiceConfig(max_batch=1, max_pending=3))
-    await service.start()
-    try:
-        window = np.zeros((4, 7), dtype=np.int64)
-        blocker = asyncio.create_task(service.decode(window, 0))
-        await wait_until(decoder.entered.is_set)
-        waiting = [asyncio.create_task(service.decode(window, i)) for i in range(3)]
+    async with blocked_service(DecodeServiceConfig(max_batch=1, max_pending=3)) as (decoder, service, blocker):
+        waiting = [asyncio.create_task(service.decode(WINDOW, i)) for i in range(3)]
         await wait_until(lambda: service.queue_depth == 3)
         with pytest.raises(CapacityError, match="3 requests waiting"):
-            await service.decode(window, 9)
+            await service.decode(WINDOW, 9)
         decoder.gate.set()
         assert len(await asyncio.gather(blocker, *waiting)) == 4  # the admitted ones all finish
-    finally:
-        decoder.gate.set()
-        await service.close()
 
 
 @pytest.mark.slow

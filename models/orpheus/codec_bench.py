@@ -20,7 +20,7 @@ import torch
 
 from models.orpheus.decode_service import DecodeServiceConfig, SnacDecodeService
 from models.orpheus.snac_decoder import LATENT_STEPS_PER_FRAME, SnacDecoder, frames_tensor, load_snac, snr_db
-from models.orpheus.snac_stream import SnacStreamer
+from models.orpheus.snac_stream import SnacStreamer, frames_for_exact_audio_past
 from models.orpheus.streaming import FRAME_SECONDS, StreamPlan, StreamStats, stream_audio
 from models.orpheus.tokens import END_OF_SPEECH, FRAME_TOKENS, SAMPLES_PER_FRAME, frames_to_levels, snac_codes_to_tokens
 
@@ -63,7 +63,7 @@ def exact_stream_decode(frames: np.ndarray, streamer: SnacStreamer, decoder: Sna
 
 def exact_tokens_to_first_audio(streamer: SnacStreamer) -> int:
     """Without a head start: frames until the exact stream's first sample is final."""
-    return (streamer.delay_samples // SAMPLES_PER_FRAME + 1) * FRAME_TOKENS
+    return frames_for_exact_audio_past(0, streamer.delay_samples) * FRAME_TOKENS
 
 
 def _sync_decoder(decoder: SnacDecoder) -> Callable[[np.ndarray, int], np.ndarray]:

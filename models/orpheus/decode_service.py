@@ -14,9 +14,9 @@ meanwhile form the next one. Two kinds of request:
 The batcher stops waiting early once every open stream has a request in the batch:
 no other stream could add one, so the timeout would only add latency.
 
-Policy when full: at most `max_pending` windows wait; beyond that `decode` raises
-CapacityError at once instead of queueing audio that would arrive too late anyway.
-A caller that cancels (barge-in) before its window is batched frees its slot.
+Policy when full: at most `max_pending` requests wait; beyond that `decode` and `step`
+raise CapacityError at once instead of queueing audio that would arrive too late anyway.
+A caller that cancels (barge-in) before its request is batched frees its slot.
 """
 
 from __future__ import annotations

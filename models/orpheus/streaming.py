@@ -1,16 +1,16 @@
 """One utterance's codes in as they are generated, its audio out as soon as it is final.
 
 Every frame goes once through the exact streaming decoder (`snac_stream`), whose audio
-trails the codes by ~2.3 frames (SNAC's look-ahead). Two choices on top:
+trails the codes by ~2.3 frames (SNAC's look-ahead). Three choices on top:
 - head start: the first frame(s) are decoded on their own (one frame of look-ahead) and
   played while the exact stream catches up, which then continues where they end. It is
   taken only when, at the measured token speed and decode time, the exact stream will
   have the audio that follows before the head start has played out: one frame (14 tokens)
   when tokens come at ~2.5x real time or faster, two frames (21 tokens) from ~1.15x (a
   GPU token server at full load), none at real time.
-- self-clocking steps: a step takes every frame that arrived while the last one ran (up
-  to `max_step_frames`, in sizes from `step_sizes` so that steps of many streams share
-  forward passes). Under light load each frame is decoded as it comes; under heavy load
+- self-clocking steps: a step takes the frames that arrived while the last one ran, in
+  the largest size from `step_sizes` that has arrived, so that steps of many streams
+  share forward passes. Under light load each frame is decoded as it comes; under heavy load
   steps grow and the fixed cost per step is shared by more audio.
 - a steady start: without a head start, the exact stream's first audio is held until it
   covers the longest wait ahead, predicted from the recent frame interval and decode time
@@ -30,6 +30,7 @@ from dataclasses import dataclass
 import numpy as np
 
 from models.orpheus.decode_service import SnacDecodeService
+from models.orpheus.snac_stream import frames_for_exact_audio_past
 from models.orpheus.tokens import FRAME_TOKENS, SAMPLE_RATE, SAMPLES_PER_FRAME, FrameAssembler
 
 FRAME_SECONDS = SAMPLES_PER_FRAME / SAMPLE_RATE
@@ -97,7 +98,8 @@ async def stream_audio(tokens: AsyncIterator[list[int]], service: SnacDecodeServ
                 available = min(len(frames) - plan.head_start_lookahead, plan.head_start_max_frames)
                 covered = next((h for h in range(1, available + 1) if head_start_is_seamless(
                     plan, h, _frame_interval(arrived_at), step_seconds, service.delay_samples)), None)
-                if covered is not None and stepped * SAMPLES_PER_FRAME <= service.delay_samples:
+                exact_spoke = stepped >= frames_for_exact_audio_past(0, service.delay_samples)
+                if covered is not None and not exact_spoke:
                     decided = True
                     window = np.stack(frames[: covered + plan.head_start_lookahead])
                     audio = await service.decode(window, 0, stream=state)
@@ -106,8 +108,7 @@ async def stream_audio(tokens: AsyncIterator[list[int]], service: SnacDecodeServ
                     stats.head_start = started = True
                     stats.frames_for_first_audio = len(window)
                     yield audio[: state.next_sample]
-                elif ended or available >= plan.head_start_max_frames \
-                        or stepped * SAMPLES_PER_FRAME > service.delay_samples:
+                elif ended or available >= plan.head_start_max_frames or exact_spoke:
                     decided = True  # the steady start
             if stepped < len(frames):
                 n = plan.step_frames(len(frames) - stepped)
@@ -198,7 +199,7 @@ def head_start_is_seamless(plan: StreamPlan, frames_covered: int, frame_interval
     look-ahead) play out only after the exact stream has the audio that follows it?
     The exact stream needs the frames up to `delay_samples` past the head start's end;
     they come `frame_interval` apart, then take about `step_seconds` to decode."""
-    frames_needed = frames_covered + delay_samples // SAMPLES_PER_FRAME + 1
+    frames_needed = frames_for_exact_audio_past(frames_covered * SAMPLES_PER_FRAME, delay_samples)
     frames_to_wait = frames_needed - (frames_covered + plan.head_start_lookahead)
     wait = frames_to_wait * frame_interval + step_seconds + plan.head_start_margin_s
     return wait <= frames_covered * FRAME_SECONDS

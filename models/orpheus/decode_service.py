@@ -52,7 +52,6 @@ class _Request:
     first_frame: int  # windows: the stream frame the window starts at (positions the noise)
     state: StreamState | None  # stream steps: the state they move on; windows: the stream asking, if any
     future: asyncio.Future
-    queued_at: float
 
 
 @dataclass
@@ -187,7 +186,7 @@ class SnacDecodeService:
         if self._queue.qsize() >= self._config.max_pending:
             raise CapacityError(f"SNAC decoder has {self._config.max_pending} requests waiting; refusing more")
         future = asyncio.get_running_loop().create_future()
-        self._queue.put_nowait(_Request(key, frames, first_frame, state, future, self._clock()))
+        self._queue.put_nowait(_Request(key, frames, first_frame, state, future))
         return await future
 
     async def _run(self) -> None:

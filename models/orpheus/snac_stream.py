@@ -25,7 +25,6 @@ from __future__ import annotations
 import math
 from dataclasses import dataclass, field
 
-import numpy as np
 import torch
 import torch.nn.functional as F
 from torch import nn
@@ -295,7 +294,3 @@ class SnacStreamer:
         positions = torch.tensor(starts, device=x.device).view(-1, 1) + torch.arange(n, device=x.device)
         keep = (positions >= 0) & (positions < torch.tensor(ends, device=x.device).view(-1, 1))
         return x * keep.unsqueeze(1).to(x.dtype)
-
-
-def frames_to_tensor(frames: np.ndarray | list) -> torch.Tensor:
-    return torch.as_tensor(np.asarray(frames, dtype=np.int64)).reshape(1, -1, FRAME_TOKENS)

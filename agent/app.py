@@ -15,11 +15,16 @@ from fastapi import FastAPI, Request, WebSocket
 from fastapi.responses import FileResponse, JSONResponse, Response
 from fastapi.staticfiles import StaticFiles
 
+from agent.agent_registry import AgentRegistry, load_agent_files
+from agent.agent_routes import agents_router
 from agent.calls import CallManager
+from agent.chat import TextChat
 from agent.config import CadenceConfig
 from agent.dashboard import dashboard_router
-from agent.errors import BadSignalingError, CapacityError
+from agent.errors import BadSignalingError, CapacityError, NotFoundError
+from agent.http_util import bounded_body, error_response
 from agent.events import TurnEvents
+from agent.knowledge_wiring import Knowledge
 from agent.metrics import CadenceMetrics
 from agent.store import CallStore
 from agent.transports.twilio import CLOSE_TRY_LATER, handle_twilio_call
@@ -39,16 +44,22 @@ class Readiness:
 
 
 def create_app(config: CadenceConfig, *, engines: Engines | None = None, engines_loaded: bool = False) -> FastAPI:
-    """`engines` may be passed in already loaded (tests share one set across apps)."""
+    """`engines` may be passed in already loaded (tests share one set across apps).
+    A bad agent file raises ConfigError here, naming the file and the field: startup stops."""
+    agent_files = load_agent_files(config)
     engines = engines or registry.build_engines(config)
     metrics = CadenceMetrics()
     store = CallStore(config.store.path)
+    agents = AgentRegistry(config, store, agent_files)
+    knowledge = Knowledge(config, engines.embedder, metrics)
     events = TurnEvents(on_drop=metrics.dashboard_dropped.inc)
     metrics.track_dashboard_streams(lambda: events.subscriber_count, lambda: events.max_backlog)
-    manager = CallManager(config, engines, store, metrics, events=events)
+    manager = CallManager(config, engines, store, metrics, agents, events=events, search_for=knowledge.search_for)
     webrtc = WebRTCCalls(manager, config, metrics)
+    chat = TextChat(config, agents, engines.llm, metrics, search_for=knowledge.search_for)
     readiness = Readiness()
-    for name, engine in (("asr", engines.asr), ("llm", engines.llm), ("tts", engines.tts)):
+    for name, engine in (("asr", engines.asr), ("llm", engines.llm), ("tts", engines.tts),
+                         ("embedder", engines.embedder)):
         if hasattr(engine, "queue_depth"):
             metrics.track_queue_depth(name, lambda e=engine: e.queue_depth)
 
@@ -56,6 +67,8 @@ def create_app(config: CadenceConfig, *, engines: Engines | None = None, engines
         try:
             if not engines_loaded:
                 await asyncio.to_thread(registry.load_and_warm, engines)
+            # File agents' documents: ingested once (unchanged files are skipped), before calls.
+            await knowledge.sync_file_agents(agent_files)
             readiness.ready.set()
             log.info("models loaded; ready for calls")
         except Exception as exc:
@@ -65,17 +78,22 @@ def create_app(config: CadenceConfig, *, engines: Engines | None = None, engines
     @asynccontextmanager
     async def lifespan(_app: FastAPI):
         await store.open()
+        await agents.open()
+        await knowledge.open()
         loader = asyncio.create_task(load_models(), name="load-models")
         try:
             yield
         finally:
             events.close()
             loader.cancel()
+            await asyncio.gather(loader, return_exceptions=True)
             await manager.shutdown()
+            await knowledge.close()
             await store.close()
 
     app = FastAPI(title="Cadence", lifespan=lifespan)
     app.state.manager, app.state.metrics, app.state.store, app.state.events = manager, metrics, store, events
+    app.state.agents, app.state.knowledge, app.state.readiness = agents, knowledge, readiness
 
     @app.get("/healthz")
     async def healthz() -> dict:
@@ -89,30 +107,32 @@ def create_app(config: CadenceConfig, *, engines: Engines | None = None, engines
         return JSONResponse({"status": status, "error": readiness.error}, status_code=503)
 
     @app.post("/api/offer")
-    async def offer(request: Request) -> JSONResponse:
+    async def offer(request: Request, agent: str | None = None) -> JSONResponse:
         if not readiness.ready.is_set():
-            return _error(503, "models are still loading; retry shortly", retryable=True)
-        body = await _bounded_body(request, config.server.max_sdp_bytes)
+            return error_response(503, "models are still loading; retry shortly", retryable=True)
+        body = await bounded_body(request, config.server.max_sdp_bytes)
         if body is None:
-            return _error(413, f"offer larger than {config.server.max_sdp_bytes} bytes")
+            return error_response(413, f"offer larger than {config.server.max_sdp_bytes} bytes")
         try:
-            return JSONResponse(await webrtc.answer(body))
+            return JSONResponse(await webrtc.answer(body, agent))
         except BadSignalingError as exc:
-            return _error(400, str(exc))
+            return error_response(400, str(exc))
+        except NotFoundError as exc:
+            return error_response(404, str(exc))
         except CapacityError as exc:
-            return _error(503, str(exc), retryable=True)
+            return error_response(503, str(exc), retryable=True)
 
     @app.patch("/api/offer")
     async def offer_candidates(request: Request) -> Response:
-        body = await _bounded_body(request, config.server.max_sdp_bytes)
+        body = await bounded_body(request, config.server.max_sdp_bytes)
         if body is None:
-            return _error(413, "candidate batch too large")
+            return error_response(413, "candidate batch too large")
         try:
             await webrtc.add_candidates(body)
         except BadSignalingError as exc:
-            return _error(400, str(exc))
+            return error_response(400, str(exc))
         except LookupError as exc:
-            return _error(404, str(exc))
+            return error_response(404, str(exc))
         return JSONResponse({"status": "ok"})
 
     @app.websocket("/ws/twilio")
@@ -137,7 +157,7 @@ def create_app(config: CadenceConfig, *, engines: Engines | None = None, engines
             return JSONResponse(live.snapshot())
         stored = await store.get_call(call_id)
         if stored is None:
-            return _error(404, f"no call {call_id}")
+            return error_response(404, f"no call {call_id}")
         return JSONResponse({**stored, "live": False})
 
     @app.get("/metrics")
@@ -148,24 +168,10 @@ def create_app(config: CadenceConfig, *, engines: Engines | None = None, engines
     async def index() -> FileResponse:
         return FileResponse(FRONTEND_DIR / "index.html")
 
+    app.include_router(agents_router(agents, chat, max_body_bytes=config.agents.max_body_bytes,
+                                     forget_knowledge=knowledge.forget_agent))
+    app.include_router(knowledge.router(agent_exists=agents.exists))
     app.include_router(dashboard_router(store=store, manager=manager, events=events, engines=engines,
                                         page=FRONTEND_DIR / "dashboard.html"))
     app.mount("/static", StaticFiles(directory=FRONTEND_DIR), name="static")
     return app
-
-
-async def _bounded_body(request: Request, limit: int) -> bytes | None:
-    """Reads at most `limit` bytes; None if the body is larger (no matter what it claims)."""
-    declared = request.headers.get("content-length")
-    if declared is not None and declared.isdigit() and int(declared) > limit:
-        return None
-    body = bytearray()
-    async for chunk in request.stream():
-        body += chunk
-        if len(body) > limit:
-            return None
-    return bytes(body)
-
-
-def _error(status: int, message: str, *, retryable: bool = False) -> JSONResponse:
-    return JSONResponse({"error": message, "retryable": retryable}, status_code=status)

@@ -17,11 +17,14 @@ from typing import Any
 from pipecat.workers.runner import WorkerRunner
 from pipecat.transports.base_transport import BaseTransport
 
+from agent.agent_registry import AgentRegistry
 from agent.config import CadenceConfig
 from agent.errors import CapacityError
 from agent.events import TurnEvents
 from agent.metrics import CadenceMetrics
 from agent.store import CallStore, turn_summary, turn_to_dict
+from pipelines.call_agent import CallAgent
+from pipelines.retrieval import SearchPassages
 from pipelines.turn_timeline import Turn
 from pipelines.voice import Engines, VoiceCall, build_voice_call
 
@@ -36,6 +39,7 @@ class ActiveCall:
     id: str
     transport: str
     started_at: float
+    agent: CallAgent  # as it was when the call was admitted
     external_id: str | None = None  # the caller side's id (Twilio callSid, WebRTC pc_id)
     voice: VoiceCall | None = None
     end_reason: str = "completed"
@@ -44,20 +48,24 @@ class ActiveCall:
 
     def snapshot(self) -> dict[str, Any]:
         turns = self.voice.observer.timeline.turns if self.voice else []
-        return {"id": self.id, "transport": self.transport, "external_id": self.external_id,
+        return {"id": self.id, "agent": self.agent.name, "transport": self.transport, "external_id": self.external_id,
                 "started_at": self.started_at, "live": True,
                 "turns": [turn_to_dict(t) for t in turns]}
 
     def progress(self) -> dict[str, Any]:
         """What a dashboard shows of a call in progress: no transcript."""
         turns = self.voice.observer.timeline.turns if self.voice else []
-        return {"id": self.id, "transport": self.transport, "started_at": self.started_at, "turns": len(turns)}
+        return {"id": self.id, "agent": self.agent.name, "transport": self.transport, "started_at": self.started_at,
+                "turns": len(turns)}
 
 
 class CallManager:
     def __init__(self, config: CadenceConfig, engines: Engines, store: CallStore, metrics: CadenceMetrics,
-                 clock: Callable[[], float] = time.time, events: TurnEvents | None = None) -> None:
+                 agents: AgentRegistry, clock: Callable[[], float] = time.time, events: TurnEvents | None = None,
+                 search_for: Callable[[CallAgent], SearchPassages | None] = lambda agent: None) -> None:
         self._config = config
+        self._agents = agents
+        self._search_for = search_for  # the agent's knowledge search, if it has any
         self._engines = engines
         self._store = store
         self._metrics = metrics
@@ -74,18 +82,29 @@ class CallManager:
         return self._active.get(call_id)
 
     def in_progress(self) -> list[dict[str, Any]]:
-        """Every admitted call, oldest first, with this server's agent name."""
+        """Every admitted call, oldest first."""
         calls = sorted(self._active.values(), key=lambda c: c.started_at)
-        return [{**c.progress(), "agent": self._config.agent.name} for c in calls]
+        return [c.progress() for c in calls]
 
-    def admit(self, transport: str) -> ActiveCall:
-        """Reserves a call slot now (before any slow setup), or refuses with CapacityError."""
-        if len(self._active) >= self._config.server.max_concurrent_calls:
-            self._metrics.calls_refused.labels(transport, "capacity").inc()
-            raise CapacityError(
-                f"server is at its limit of {self._config.server.max_concurrent_calls} concurrent calls; retry later"
-            )
-        call = ActiveCall(id=uuid.uuid4().hex, transport=transport, started_at=self._clock())
+    @property
+    def full(self) -> bool:
+        return len(self._active) >= self._config.server.max_concurrent_calls
+
+    @property
+    def full_message(self) -> str:
+        return f"server is at its limit of {self._config.server.max_concurrent_calls} concurrent calls; retry later"
+
+    def refuse(self, transport: str) -> None:
+        self._metrics.calls_refused.labels(transport, "capacity").inc()
+
+    def admit(self, transport: str, agent_name: str | None = None) -> ActiveCall:
+        """Reserves a call slot now (before any slow setup), or refuses: CapacityError, or
+        NotFoundError for an agent that does not exist (None: the default agent)."""
+        agent = self._agents.for_call(agent_name)
+        if self.full:
+            self.refuse(transport)
+            raise CapacityError(self.full_message)
+        call = ActiveCall(id=uuid.uuid4().hex, transport=transport, started_at=self._clock(), agent=agent)
         self._active[call.id] = call
         self._metrics.calls_active.labels(transport).inc()
         return call
@@ -107,11 +126,15 @@ class CallManager:
     async def run(self, call: ActiveCall, transport: BaseTransport, *, output_sample_rate: int,
                   enable_rtvi: bool = False) -> None:
         try:
-            await self._store.call_started(call.id, self._config.agent.name, call.transport, call.started_at,
+            await self._store.call_started(call.id, call.agent.name, call.transport, call.started_at,
                                            call.external_id)
             call.voice = build_voice_call(
-                transport, engines=self._engines, config=self._config, output_sample_rate=output_sample_rate,
-                on_turn_closed=lambda turn: self._turn_closed(call, turn), enable_rtvi=enable_rtvi,
+                transport, engines=self._engines, config=self._config, agent=call.agent,
+                output_sample_rate=output_sample_rate, on_turn_closed=lambda turn: self._turn_closed(call, turn),
+                search=self._search_for(call.agent),
+                on_retrieval_miss=lambda reason: self._metrics.retrieval_misses.labels(reason).inc(),
+                on_redacted=lambda count: self._metrics.redactions.labels("call").inc(count),
+                enable_rtvi=enable_rtvi,
             )
             @call.voice.task.event_handler("on_idle_timeout")
             async def _on_idle(_task) -> None:  # pipecat then cancels the pipeline itself
@@ -161,7 +184,7 @@ class CallManager:
     def _turn_closed(self, call: ActiveCall, turn: Turn) -> None:
         self._metrics.observe_turn(turn, call.transport)
         if self._events is not None:
-            self._events.publish(turn_summary(call.id, self._config.agent.name, call.transport, turn))
+            self._events.publish(turn_summary(call.id, call.agent.name, call.transport, turn))
         write = asyncio.get_running_loop().create_task(self._store.save_turn(call.id, turn))
         call.pending_writes.add(write)
         write.add_done_callback(call.pending_writes.discard)

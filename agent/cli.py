@@ -1,4 +1,13 @@
-"""`cadence serve [--config FILE] [--host H] [--port P]` and `cadence bench tts-codec [--json]`"""
+"""The `cadence` command.
+
+    cadence serve [--config FILE] [--host H] [--port P]
+    cadence agents list | show NAME | apply FILE     [--url URL]
+    cadence chat NAME [--passages]                   [--url URL]
+    cadence ingest NAME PATH...                      [--url URL]
+    cadence bench tts-codec [--json]
+
+`agents`, `chat` and `ingest` talk to a running server's HTTP API.
+"""
 
 from __future__ import annotations
 
@@ -10,6 +19,7 @@ from agent.config import load_config
 from agent.errors import ConfigError
 
 DEFAULT_CONFIG = "configs/default.yaml"
+DEFAULT_URL = "http://127.0.0.1:8000"
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -20,6 +30,20 @@ def main(argv: list[str] | None = None) -> int:
     serve.add_argument("--host", help="bind address (overrides server.host)")
     serve.add_argument("--port", type=int, help="port (overrides server.port)")
     serve.add_argument("--log-level", default="info", choices=["debug", "info", "warning", "error"])
+    agents = sub.add_parser("agents", help="list, show or apply agents on a running server")
+    agents_sub = agents.add_subparsers(dest="agents_command", required=True)
+    agents_sub.add_parser("list", help="every agent, the default first")
+    agents_sub.add_parser("show", help="one agent: its definition and what calls get").add_argument("name")
+    agents_sub.add_parser("apply", help="create or replace the agent a YAML/JSON file defines").add_argument("file")
+    chat = sub.add_parser("chat", help="talk to an agent in text: the same retrieval + LLM path as a call")
+    chat.add_argument("name")
+    chat.add_argument("--passages", action="store_true", help="print the passages each reply used")
+    ingest = sub.add_parser("ingest", help="add documents (.txt .md .html .pdf, or folders) to an agent's knowledge")
+    ingest.add_argument("name")
+    ingest.add_argument("paths", nargs="+")
+    ingest.add_argument("--quiet", action="store_true", help="no progress bar")
+    for client in (agents, chat, ingest):
+        client.add_argument("--url", default=DEFAULT_URL, help=f"the server (default {DEFAULT_URL})")
     bench = sub.add_parser("bench", help="component benchmarks")
     bench_sub = bench.add_subparsers(dest="bench", required=True)
     codec = bench_sub.add_parser("tts-codec", help="streaming SNAC decode vs the public sliding-window decoder")
@@ -33,6 +57,8 @@ def main(argv: list[str] | None = None) -> int:
     args = parser.parse_args(argv)
     if args.command == "bench":
         return _bench(args)
+    if args.command in ("agents", "chat", "ingest"):
+        return _client(args)
 
     logging.basicConfig(level=args.log_level.upper(), format="%(asctime)s %(levelname)s %(name)s: %(message)s")
     _quiet_loguru(args.log_level)
@@ -41,18 +67,38 @@ def main(argv: list[str] | None = None) -> int:
         overrides["server__host"] = args.host
     if args.port:
         overrides["server__port"] = args.port
-    try:
-        config = load_config(args.config, **overrides)
-    except ConfigError as exc:
-        print(f"cadence: {exc}", file=sys.stderr)
-        return 2
-
     from agent.app import create_app
     from agent.serve import cadence_server
 
-    cadence_server(create_app(config), config, host=config.server.host, port=config.server.port,
-                   log_level=args.log_level).run()
+    try:
+        config = load_config(args.config, **overrides)
+        app = create_app(config)  # reads the agent files: a bad one stops startup here
+    except ConfigError as exc:
+        print(f"cadence: {exc}", file=sys.stderr)
+        return 2
+    cadence_server(app, config, host=config.server.host, port=config.server.port, log_level=args.log_level).run()
     return 0
+
+
+def _client(args) -> int:
+    import httpx
+
+    from agent import agents_cli, ingest_cli
+
+    url = args.url.rstrip("/")
+    try:
+        if args.command == "chat":
+            return agents_cli.chat(url, args.name, show_passages=args.passages)
+        if args.command == "ingest":
+            return ingest_cli.ingest(url, args.name, args.paths, progress=not args.quiet)
+        if args.agents_command == "list":
+            return agents_cli.list_agents(url)
+        if args.agents_command == "show":
+            return agents_cli.show_agent(url, args.name)
+        return agents_cli.apply_agent(url, args.file)
+    except httpx.TransportError as exc:
+        print(f"cadence: cannot reach {url}: {exc}; is `cadence serve` running?", file=sys.stderr)
+        return 2
 
 
 def _quiet_loguru(level: str) -> None:

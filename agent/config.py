@@ -16,6 +16,7 @@ from typing import Any
 import yaml
 
 from agent.errors import ConfigError
+from knowledge.options import KnowledgeOptions
 
 
 @dataclass(frozen=True)
@@ -91,6 +92,9 @@ class LLMConfig:
     model: str = "package:smollm2-135m-instruct"
     context_tokens: int = 2048
     max_reply_tokens: int = 64  # ~10 s of speech; a phone reply longer than that loses the caller
+    # Generation stops after this many sentences (0 = no cap): two sentences are a phone reply;
+    # a small model that rambles past them is cut rather than heard.
+    max_reply_sentences: int = 2
     temperature: float = 0.3
     top_p: float = 0.9
     # Small models loop ("and the ocean, and the ocean, ..."); this keeps replies short and sane.
@@ -136,13 +140,26 @@ class TTSConfig:
 
 
 @dataclass(frozen=True)
-class AgentConfig:
-    name: str = "default"
-    system_prompt: str = (
-        "You are Cadence, a friendly voice assistant on a phone call. "
-        "Answer in one or two short spoken sentences. No lists, no markdown."
-    )
-    greeting: str | None = None  # spoken when the call connects; None to wait for the caller
+class AgentsConfig:
+    """Where agents come from and the limits on what a developer may define."""
+
+    dir: str = "configs/agents"  # every *.yaml here is an agent, loaded at start; a bad file stops startup
+    default: str = "default"  # the agent a call gets when it names none
+    max_prompt_chars: int = 8000  # ~2k tokens: a longer prompt crowds out history and passages
+    max_greeting_chars: int = 500  # ~30 s of speech
+    max_agents: int = 1000  # agents defined through the API; creating more is refused (409)
+    max_body_bytes: int = 65_536  # largest agent definition or chat request accepted over HTTP
+
+
+@dataclass(frozen=True)
+class RetrievalDefaults:
+    """Retrieval in every call, for agents that do not choose otherwise (agent.knowledge)."""
+
+    enabled: bool = True
+    top_k: int = 3  # passages per turn: 3 fit a 135M model's attention; more dilute it
+    max_tokens: int = 300  # prompt tokens for passages; each costs prefill time before the first token
+    # A turn waits at most this long for its passages before the LLM starts without them.
+    timeout_ms: float = 250.0
 
 
 @dataclass(frozen=True)
@@ -158,7 +175,10 @@ class CadenceConfig:
     asr: ASRConfig = field(default_factory=ASRConfig)
     llm: LLMConfig = field(default_factory=LLMConfig)
     tts: TTSConfig = field(default_factory=TTSConfig)
-    agent: AgentConfig = field(default_factory=AgentConfig)
+    agents: AgentsConfig = field(default_factory=AgentsConfig)
+    retrieval: RetrievalDefaults = field(default_factory=RetrievalDefaults)
+    # Agents' documents: upload limits, chunking, the embedder and the hybrid search.
+    knowledge: KnowledgeOptions = field(default_factory=KnowledgeOptions)
     store: StoreConfig = field(default_factory=StoreConfig)
 
     def __post_init__(self) -> None:
@@ -184,6 +204,12 @@ def _validate(config: CadenceConfig) -> None:
         (config.llm.max_reply_tokens >= 1, "llm.max_reply_tokens must be >= 1"),
         (config.llm.context_tokens >= 256, "llm.context_tokens must be >= 256"),
         (0.02 <= config.tts.chunk_seconds <= 2.0, "tts.chunk_seconds must be in [0.02, 2]"),
+        (0 <= config.llm.max_reply_sentences <= 20, "llm.max_reply_sentences must be in [0, 20]"),
+        (1 <= config.retrieval.top_k <= 20, "retrieval.top_k must be in [1, 20]"),
+        (50 <= config.retrieval.max_tokens <= 4000, "retrieval.max_tokens must be in [50, 4000]"),
+        (0 < config.retrieval.timeout_ms <= 5000, "retrieval.timeout_ms must be in (0, 5000]"),
+        (config.agents.max_prompt_chars >= 100, "agents.max_prompt_chars must be >= 100"),
+        (config.agents.max_agents >= 1, "agents.max_agents must be >= 1"),
     ]
     for ok, message in checks:
         if not ok:
@@ -217,7 +243,7 @@ def build_dataclass(cls: type, data: Any, where: str) -> Any:
     kwargs = {name: _coerce(hints[name], value, f"{where}.{name}") for name, value in data.items()}
     try:
         return cls(**kwargs)
-    except TypeError as exc:
+    except (TypeError, ValueError) as exc:  # ValueError: a section's own __post_init__ check
         raise ConfigError(f"{where}: {exc}") from exc
 
 

@@ -4,6 +4,8 @@
     ├── ConfigError              the configuration is invalid; fix the YAML or the flags
     ├── ModelAssetError          weights missing or corrupt (sha256 mismatch); reinstall the package
     ├── CapacityError            a limit is reached (calls, engine queue, dashboard streams); retry later (retryable)
+    ├── NotFoundError            no such agent, call or document (-> 404)
+    ├── ConflictError            the change clashes with what exists: a duplicate name, a file-defined agent (-> 409)
     └── BadInputError            a caller sent something we cannot accept; the call may go on
         ├── BadMediaError        audio payload undecodable or of the wrong size
         ├── BadSignalingError    malformed JSON event or SDP
@@ -27,6 +29,14 @@ class ModelAssetError(CadenceError):
 
 class CapacityError(CadenceError):
     retryable = True
+
+
+class NotFoundError(CadenceError):
+    pass
+
+
+class ConflictError(CadenceError):
+    pass
 
 
 class BadInputError(CadenceError):

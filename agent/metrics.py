@@ -38,6 +38,16 @@ class CadenceMetrics:
                                    registry=self.registry)
         self.engine_queue_depth = Gauge("cadence_engine_queue_depth", "Requests queued or running per engine",
                                         ["engine"], registry=self.registry)
+        self.retrieval_seconds = Histogram(
+            "cadence_retrieval_seconds", "Knowledge search (query embedding + hybrid search)", ["path"],
+            buckets=(0.002, 0.005, 0.01, 0.015, 0.02, 0.03, 0.05, 0.1, 0.25, 0.5, 1.0), registry=self.registry,
+        )
+        self.retrieval_misses = Counter("cadence_retrieval_misses_total",
+                                        "Turns answered without passages because retrieval timed out or failed",
+                                        ["reason"], registry=self.registry)
+        self.redactions = Counter("cadence_redactions_total",
+                                  "Reply clauses withheld because they quoted the system prompt or its secrets",
+                                  ["path"], registry=self.registry)
         self.dashboard_streams = Gauge("cadence_dashboard_streams", "Open dashboard event streams",
                                        registry=self.registry)
         self.dashboard_backlog = Gauge("cadence_dashboard_backlog_events",

@@ -16,7 +16,7 @@ from typing import Any
 from pipelines.turn_timeline import Turn
 
 # Bump with a new entry in _MIGRATIONS whenever the schema changes; stored in PRAGMA user_version.
-SCHEMA_VERSION = 4
+SCHEMA_VERSION = 5
 
 _SCHEMA = """
 PRAGMA journal_mode = WAL;
@@ -41,6 +41,12 @@ CREATE TABLE IF NOT EXISTS turns (
     sentence_ttfb_ms TEXT NOT NULL DEFAULT '[]',  -- JSON: per reply sentence, TTS request to first audio
     PRIMARY KEY (call_id, idx)
 );
+CREATE TABLE IF NOT EXISTS agents (
+    name TEXT PRIMARY KEY,
+    spec TEXT NOT NULL,        -- JSON: the definition as its author gave it (defaults left out)
+    created_at REAL NOT NULL,
+    updated_at REAL NOT NULL
+);
 CREATE INDEX IF NOT EXISTS calls_started ON calls(started_at DESC);
 CREATE INDEX IF NOT EXISTS turns_spoken ON turns(end_of_speech_at);
 """
@@ -52,6 +58,9 @@ _MIGRATIONS: dict[int, tuple[str, ...]] = {
     3: ("CREATE INDEX IF NOT EXISTS turns_spoken ON turns(end_of_speech_at)",),
     # Per-sentence TTS latency: a slow later sentence leaves a hole mid-reply.
     4: ("ALTER TABLE turns ADD COLUMN sentence_ttfb_ms TEXT NOT NULL DEFAULT '[]'",),
+    # Agents defined through the HTTP API (YAML agents live in their files).
+    5: ("CREATE TABLE IF NOT EXISTS agents (name TEXT PRIMARY KEY, spec TEXT NOT NULL, "
+        "created_at REAL NOT NULL, updated_at REAL NOT NULL)",),
 }
 _POST_MIGRATION = "CREATE INDEX IF NOT EXISTS calls_external ON calls(external_id);"
 
@@ -123,6 +132,37 @@ class CallStore:
         assert self._db is not None, "CallStore.open() was not awaited"
         with self._db:
             self._db.execute(sql, params)
+
+    async def save_agent(self, name: str, spec: dict[str, Any], at: float, *, create: bool) -> bool:
+        """Creates (create=True) or replaces an agent; False if that would clash (it exists, or it does not)."""
+        return await self._run(self._save_agent, name, json.dumps(spec), at, create)
+
+    def _save_agent(self, name: str, spec: str, at: float, create: bool) -> bool:
+        assert self._db is not None
+        with self._db:
+            if create:
+                cursor = self._db.execute("INSERT OR IGNORE INTO agents (name, spec, created_at, updated_at) "
+                                          "VALUES (?, ?, ?, ?)", (name, spec, at, at))
+            else:
+                cursor = self._db.execute("UPDATE agents SET spec = ?, updated_at = ? WHERE name = ?", (spec, at, name))
+            return cursor.rowcount == 1
+
+    async def delete_agent(self, name: str) -> bool:
+        return await self._run(self._delete_agent, name)
+
+    def _delete_agent(self, name: str) -> bool:
+        assert self._db is not None
+        with self._db:
+            return self._db.execute("DELETE FROM agents WHERE name = ?", (name,)).rowcount == 1
+
+    async def list_agents(self) -> list[dict[str, Any]]:
+        """Every API-defined agent: name, spec (dict), created_at, updated_at; by name."""
+        return await self._run(self._list_agents)
+
+    def _list_agents(self) -> list[dict[str, Any]]:
+        assert self._db is not None
+        rows = self._db.execute("SELECT * FROM agents ORDER BY name").fetchall()
+        return [{**dict(r), "spec": json.loads(r["spec"])} for r in rows]
 
     async def list_calls(self, limit: int = 50, offset: int = 0, external_id: str | None = None) -> list[dict[str, Any]]:
         limit = max(1, min(limit, MAX_LIST_LIMIT))

@@ -7,6 +7,7 @@ const hangupButton = document.getElementById("hangup");
 const statusLabel = document.getElementById("status");
 const remoteAudio = document.getElementById("remote");
 const turnList = document.getElementById("turns");
+const agentSelect = document.getElementById("agent");
 
 const TRANSCRIPT_POLL_MS = 700;
 let peer = null;
@@ -72,7 +73,8 @@ async function startCall() {
     const response = await fetch("/api/offer", {
       method: "POST",
       headers: { "Content-Type": "application/json" },
-      body: JSON.stringify({ sdp: peer.localDescription.sdp, type: peer.localDescription.type }),
+      body: JSON.stringify({ sdp: peer.localDescription.sdp, type: peer.localDescription.type,
+                             agent: agentSelect.value || undefined }),
     });
     const answer = await response.json();
     if (!response.ok) throw new Error(answer.error || `server answered ${response.status}`);
@@ -119,6 +121,24 @@ function hangUp() {
   hangupButton.disabled = true;
   if (document.body.dataset.callState !== "idle") setCallState("ended");
 }
+
+// The agents this server offers; the default agent first. A page opened with ?agent=NAME
+// preselects that one.
+async function loadAgents() {
+  try {
+    const response = await fetch("/api/agents");
+    const agents = response.ok ? (await response.json()).agents : [];
+    const wanted = new URLSearchParams(location.search).get("agent");
+    agentSelect.replaceChildren(...agents.map((agent) => {
+      const option = document.createElement("option");
+      option.value = agent.name;
+      option.textContent = agent.name;
+      option.selected = agent.name === wanted;
+      return option;
+    }));
+  } catch (_) { /* the call still works with the server's default agent */ }
+}
+loadAgents();
 
 callButton.addEventListener("click", startCall);
 hangupButton.addEventListener("click", () => { hangUp(); setStatus("call ended"); });

@@ -2,9 +2,9 @@
 // updates from /api/dashboard/stream (server-sent events). Plain DOM and SVG, no build step.
 "use strict";
 
-const STAGES = ["asr_final", "llm_first_token", "first_sentence", "tts_first_audio", "first_audio_sent"];
+const STAGES = ["asr_final", "retrieval", "llm_first_token", "first_sentence", "tts_first_audio", "first_audio_sent"];
 const STAGE_LABELS = {
-  asr_final: "transcript", llm_first_token: "LLM first token", first_sentence: "first phrase to TTS",
+  asr_final: "transcript", retrieval: "passages retrieved", llm_first_token: "LLM first token", first_sentence: "first phrase to TTS",
   tts_first_audio: "TTS first audio", first_audio_sent: "audio sent (TTFS)",
 };
 const MAX_ROWS = 100;              // turns kept in the waterfall

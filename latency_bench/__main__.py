@@ -3,6 +3,7 @@
     python -m latency_bench run --url URL --transport twilio|webrtc --callers N --turns K [--ramp] --out DIR
     python -m latency_bench capacity [--url URL] --transport twilio [--min-turns 20] [--slo-ms 1500] --out DIR
     python -m latency_bench compare --callers N --turns K --out DIR
+    python -m latency_bench retrieval-ab --url URL [--agent NAME] [--rounds 3] --turns K --out DIR
 
 `run` measures N synthetic callers (with --ramp: 1, 2, 4, ... N in turn); `capacity`
 raises the number of callers until TTFS p95 breaks the SLO or replies underrun;
@@ -43,7 +44,7 @@ def headline(results: dict) -> dict:
 
 def _scenario(args) -> bench.Scenario:
     return bench.Scenario(url=getattr(args, "url", None) or "", transport=args.transport, turns=args.turns,
-                          seed=args.seed, barge_in_every=args.barge_in_every)
+                          seed=args.seed, barge_in_every=args.barge_in_every, agent=args.agent)
 
 
 def cmd_run(args) -> dict:
@@ -101,6 +102,12 @@ def cmd_compare(args) -> dict:
     return comparison
 
 
+def cmd_retrieval_ab(args) -> dict:
+    from latency_bench import retrieval_ab
+
+    return asyncio.run(retrieval_ab.run(_scenario(args), args.rounds, args.out))
+
+
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(prog="python -m latency_bench", description=__doc__.split("\n\n")[0])
     sub = parser.add_subparsers(dest="command", required=True)
@@ -114,6 +121,7 @@ def main(argv: list[str] | None = None) -> int:
                        help="every K-th turn talks over the previous reply (0: never)")
         p.add_argument("--out", type=Path, required=True, help="folder for results.json and plots")
         p.add_argument("--quiet", action="store_true", help="no progress bar")
+        p.add_argument("--agent", help="the agent the callers ask for (default: the server's default agent)")
 
     run_p = sub.add_parser("run", help="N callers (or a ramp up to N) against a running server")
     common(run_p, url_required=True)
@@ -135,12 +143,16 @@ def main(argv: list[str] | None = None) -> int:
     cmp_p.add_argument("--stock-turn-stop", choices=["smart-turn", "vad"], default="smart-turn",
                        help="pipecat's default end-of-turn (smart-turn v3) or a plain VAD timeout")
     cmp_p.add_argument("--stock-stop-secs", type=float, default=0.4)
+    ab_p = sub.add_parser("retrieval-ab", help="TTFS with the agent's retrieval on against off, alternating calls")
+    common(ab_p, url_required=True)
+    ab_p.add_argument("--rounds", type=int, default=3, help="calls to each agent, alternating")
     args = parser.parse_args(argv)
     if getattr(args, "callers", 1) < 1 or args.turns < 1:
         parser.error("--callers and --turns must be at least 1")
     if args.command == "compare" and args.transport != "twilio":
         parser.error("compare runs over the phone transport (the baseline serves /ws/twilio only)")
-    command = {"run": cmd_run, "capacity": cmd_capacity, "compare": cmd_compare}[args.command]
+    command = {"run": cmd_run, "capacity": cmd_capacity, "compare": cmd_compare,
+               "retrieval-ab": cmd_retrieval_ab}[args.command]
     try:
         print(json.dumps(command(args), indent=2))
     except (TimeoutError, RuntimeError, ConnectionError) as exc:

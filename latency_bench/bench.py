@@ -27,6 +27,7 @@ class Scenario:
     barge_in_every: int = 0  # every k-th turn talks over the previous reply; 0: never
     stagger_s: float = 0.7  # callers of a level start this far apart, not in lockstep
     reply_timeout_s: float = 20.0
+    agent: str | None = None  # the agent the callers ask for; None: the server's default
 
 
 def ramp_levels(max_callers: int) -> list[int]:
@@ -97,7 +98,7 @@ async def wait_until_ready(url: str, timeout_s: float = READY_TIMEOUT_S) -> None
 
 
 async def _one_call(scenario: Scenario, caller: int, plan, on_turn):
-    kwargs = dict(caller=caller, reply_timeout_s=scenario.reply_timeout_s, on_turn=on_turn)
+    kwargs = dict(caller=caller, reply_timeout_s=scenario.reply_timeout_s, on_turn=on_turn, agent=scenario.agent)
     if scenario.transport == "twilio":
         ws_url = scenario.url.replace("http://", "ws://").replace("https://", "wss://").rstrip("/") + "/ws/twilio"
         return await twilio_caller.call(ws_url, plan, **kwargs)

@@ -9,6 +9,7 @@ from latency_bench.stats import STAGES, median_turn
 
 STAGE_LABELS = {
     "asr_final": "speech end -> transcript",
+    "retrieval": "-> passages retrieved",
     "llm_first_token": "-> LLM first token",
     "first_sentence": "-> first sentence to TTS",
     "tts_first_audio": "-> TTS first audio",

@@ -6,7 +6,7 @@ import math
 from collections.abc import Iterable
 
 CALLER_METRICS = ("ttfs_ms", "ttfb_ms", "reply_seconds", "underruns", "barge_in_stop_ms")
-STAGES = ("asr_final", "llm_first_token", "first_sentence", "tts_first_audio", "first_audio_sent")
+STAGES = ("asr_final", "retrieval", "llm_first_token", "first_sentence", "tts_first_audio", "first_audio_sent")
 QUANTILES = (50, 95, 99)
 
 

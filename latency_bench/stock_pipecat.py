@@ -28,6 +28,7 @@ import uvicorn
 from fastapi import FastAPI, WebSocket
 from fastapi.responses import JSONResponse
 
+from agent.agent_registry import load_agent_files
 from agent.config import load_config
 from models.assets import default_cache_dir, resolve_local
 
@@ -82,6 +83,9 @@ def create_app(llm_url: str, *, turn_stop: str, stop_secs: float) -> FastAPI:
         return JSONResponse({"status": "ready" if ready.is_set() else "loading"},
                             status_code=200 if ready.is_set() else 503)
 
+    # The same words as Cadence's default agent (its knowledge is Cadence's, not the baseline's).
+    system_prompt = load_agent_files(cadence)[cadence.agents.default].spec.system_prompt
+
     @app.websocket("/ws/twilio")
     async def twilio(websocket: WebSocket) -> None:
         await websocket.accept()
@@ -91,7 +95,7 @@ def create_app(llm_url: str, *, turn_stop: str, stop_secs: float) -> FastAPI:
         transport = FastAPIWebsocketTransport(websocket, FastAPIWebsocketParams(
             audio_in_enabled=True, audio_out_enabled=True, add_wav_header=False, serializer=serializer))
         stt, llm, tts = await asyncio.to_thread(build_services)
-        context = LLMContext(messages=[{"role": "system", "content": cadence.agent.system_prompt}])
+        context = LLMContext(messages=[{"role": "system", "content": system_prompt}])
         if turn_stop == "vad":
             user_params = LLMUserAggregatorParams(
                 vad_analyzer=SileroVADAnalyzer(params=VADParams(stop_secs=stop_secs)),

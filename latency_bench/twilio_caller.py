@@ -86,8 +86,10 @@ async def call(
     reply_timeout_s: float = 20.0,
     reply_quiet_s: float = 1.5,
     on_turn: Callable[[TurnRecord], None] | None = None,
+    agent: str | None = None,
 ) -> CallResult:
-    """One phone call to `url` (the server's /ws/twilio) that goes through `plan`."""
+    """One phone call to `url` (the server's /ws/twilio) that goes through `plan`, with
+    `agent` (None: the server's default) named in the start event's customParameters."""
     stream_sid, call_sid = "MZ" + uuid.uuid4().hex, "CA" + uuid.uuid4().hex
     tracker = ReplyTracker(keep_audio=keep_audio)
     error = None
@@ -97,7 +99,8 @@ async def call(
             await ws.send(json.dumps({"event": "connected", "protocol": "Call", "version": "1.0.0"}))
             await ws.send(json.dumps({"event": "start", "sequenceNumber": "1", "streamSid": stream_sid, "start": {
                 "streamSid": stream_sid, "callSid": call_sid, "accountSid": "AC" + "0" * 32, "tracks": ["inbound"],
-                "mediaFormat": {"encoding": "audio/x-mulaw", "sampleRate": 8000, "channels": 1}}}))
+                "mediaFormat": {"encoding": "audio/x-mulaw", "sampleRate": 8000, "channels": 1},
+                "customParameters": {"agent": agent} if agent else {}}}))
             await converse(PhoneLine(ws, stream_sid), tracker, plan, caller=caller, transport="twilio",
                            reply_timeout_s=reply_timeout_s, reply_quiet_s=reply_quiet_s, on_turn=on_turn)
             await ws.send(json.dumps({"event": "stop", "streamSid": stream_sid}))

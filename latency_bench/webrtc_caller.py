@@ -158,6 +158,7 @@ async def call(
     reply_timeout_s: float = 20.0,
     reply_quiet_s: float = 1.5,
     on_turn: Callable[[TurnRecord], None] | None = None,
+    agent: str | None = None,
 ) -> CallResult:
     """Calls `offer_url` (the server's POST /api/offer) and goes through `plan`."""
     # No ICE servers: aiortc's default would contact a public STUN server; host candidates suffice here.
@@ -190,8 +191,8 @@ async def call(
             # aioice never offers 127.0.0.1, so a host whose only interface is loopback has none.
             raise ConnectionError("no ICE host candidate: this host has no interface address but 127.0.0.1")
         async with httpx.AsyncClient(timeout=HTTP_TIMEOUT_S) as http:
-            response = await http.post(offer_url, json={"sdp": pc.localDescription.sdp,
-                                                        "type": pc.localDescription.type})
+            offer = {"sdp": pc.localDescription.sdp, "type": pc.localDescription.type}
+            response = await http.post(offer_url, json={**offer, "agent": agent} if agent else offer)
         if response.status_code != 200:
             raise ConnectionError(f"offer refused: HTTP {response.status_code} {response.text}")
         answer = response.json()

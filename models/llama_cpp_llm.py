@@ -14,7 +14,7 @@ from collections.abc import AsyncIterator, Iterator, Sequence
 from agent.config import LLMConfig
 from agent.errors import ModelAssetError
 from models.assets import resolve_local
-from models.base import ChatMessage, LLMEngine
+from models.base import ChatMessage, LLMEngine, Sampling
 from models.runner import ModelRunner
 
 log = logging.getLogger(__name__)
@@ -50,12 +50,13 @@ class LlamaCppLLMEngine(LLMEngine):
         self._llama = Llama(model_path=str(path), **common)
 
     def warm_up(self) -> None:
-        for _ in self._generate([{"role": "user", "content": "Hi"}], 2, threading.Event()):
+        for _ in self._generate([{"role": "user", "content": "Hi"}], 2, threading.Event(), Sampling()):
             pass
 
-    def stream_chat(self, messages: Sequence[ChatMessage], *, max_tokens: int) -> AsyncIterator[str]:
+    def stream_chat(self, messages: Sequence[ChatMessage], *, max_tokens: int,
+                    sampling: Sampling | None = None) -> AsyncIterator[str]:
         snapshot = [dict(m) for m in messages]  # the context may change while we generate
-        return self._runner.stream(lambda stop: self._generate(snapshot, max_tokens, stop))
+        return self._runner.stream(lambda stop: self._generate(snapshot, max_tokens, stop, sampling or Sampling()))
 
     async def warm_prefix(self, messages: Sequence[ChatMessage]) -> None:
         snapshot = [dict(m) for m in messages]
@@ -63,15 +64,16 @@ class LlamaCppLLMEngine(LLMEngine):
         # and reuses the longest common token prefix on the next call.
         await self._runner.run(lambda: self._llama.create_chat_completion(messages=snapshot, max_tokens=1))
 
-    def _generate(self, messages: list[ChatMessage], max_tokens: int, stop: threading.Event) -> Iterator[str]:
+    def _generate(self, messages: list[ChatMessage], max_tokens: int, stop: threading.Event,
+                  sampling: Sampling) -> Iterator[str]:
         if self._llama is None:
             raise RuntimeError("LlamaCppLLMEngine.load() was not called")
         chunks = self._llama.create_chat_completion(
             messages=messages,
             max_tokens=max_tokens,
-            temperature=self._config.temperature,
-            top_p=self._config.top_p,
-            repeat_penalty=self._config.repeat_penalty,
+            temperature=_or(sampling.temperature, self._config.temperature),
+            top_p=_or(sampling.top_p, self._config.top_p),
+            repeat_penalty=_or(sampling.repeat_penalty, self._config.repeat_penalty),
             stream=True,
         )
         try:
@@ -87,3 +89,7 @@ class LlamaCppLLMEngine(LLMEngine):
     async def close(self) -> None:
         self._runner.shutdown()
         self._llama = None
+
+
+def _or(value: float | None, default: float) -> float:
+    return default if value is None else value

@@ -5,7 +5,7 @@ from __future__ import annotations
 
 from agent.config import CadenceConfig
 from agent.errors import ConfigError
-from models.base import ASREngine, LLMEngine, TTSEngine
+from models.base import ASREngine, EmbeddingEngine, LLMEngine, TTSEngine
 from pipelines.voice import Engines
 
 
@@ -42,12 +42,19 @@ def build_tts(config: CadenceConfig) -> TTSEngine:
     raise ConfigError(f"tts.engine {config.tts.engine!r} is unknown; known: piper, orpheus")
 
 
+def build_embedder(config: CadenceConfig) -> EmbeddingEngine:
+    from models.embedding import build_embedder as build
+
+    return build(config.knowledge.embedding)
+
+
 def build_engines(config: CadenceConfig) -> Engines:
-    return Engines(asr=build_asr(config), llm=build_llm(config), tts=build_tts(config))
+    return Engines(asr=build_asr(config), llm=build_llm(config), tts=build_tts(config),
+                   embedder=build_embedder(config))
 
 
 def load_and_warm(engines: Engines) -> None:
     """Blocking: loads every engine and runs one tiny inference on each."""
-    for engine in (engines.asr, engines.llm, engines.tts):
+    for engine in engines.all():
         engine.load()
         engine.warm_up()

@@ -1,12 +1,15 @@
 """The LLM as a pipecat service over our `LLMEngine`.
 
-On an `LLMContextFrame` it streams the reply as `LLMTextFrame`s. A barge-in cancels the
-frame task; closing the engine's stream then stops generation on the model thread.
+On an `LLMContextFrame` it streams the reply as `LLMTextFrame`s, shaped by
+`pipelines.reply.shaped_reply` (the agent's sampling, sentence budget and prompt-leak
+guard); a `TurnContextFrame` also brings the turn's retrieved passages. A barge-in cancels
+the frame task; closing the engine's stream then stops generation on the model thread.
 """
 
 from __future__ import annotations
 
 import asyncio
+from collections.abc import Callable
 
 from pipecat.frames.frames import Frame, LLMContextFrame, LLMFullResponseEndFrame, LLMFullResponseStartFrame
 from pipecat.processors.aggregators.llm_context import LLMContext
@@ -15,7 +18,9 @@ from pipecat.services.llm_service import LLMService
 from pipecat.services.settings import LLMSettings
 
 from agent.errors import CadenceError
-from models.base import ChatMessage, LLMEngine
+from models.base import ChatMessage, LLMEngine, Sampling
+from pipelines.knowledge_context import Passage, reference_message
+from pipelines.reply import shaped_reply
 
 
 def prompt_window(messages: list[ChatMessage], max_history: int) -> list[ChatMessage]:
@@ -34,7 +39,9 @@ def prompt_window(messages: list[ChatMessage], max_history: int) -> list[ChatMes
 
 
 class EngineLLMService(LLMService):
-    def __init__(self, engine: LLMEngine, *, max_reply_tokens: int, max_history_messages: int, **kwargs) -> None:
+    def __init__(self, engine: LLMEngine, *, max_reply_tokens: int, max_history_messages: int,
+                 system_prompt: str = "", sampling: Sampling | None = None, max_reply_sentences: int = 0,
+                 on_redacted: Callable[[int], None] = lambda count: None, **kwargs) -> None:
         super().__init__(
             settings=LLMSettings(
                 model=None,
@@ -54,6 +61,10 @@ class EngineLLMService(LLMService):
         self._engine = engine
         self._max_reply_tokens = max_reply_tokens
         self._max_history = max_history_messages
+        self._system_prompt = system_prompt
+        self._sampling = sampling
+        self._max_reply_sentences = max_reply_sentences
+        self._on_redacted = on_redacted
         self._warm_task: asyncio.Task | None = None
 
     def can_generate_metrics(self) -> bool:
@@ -67,18 +78,20 @@ class EngineLLMService(LLMService):
         await self.push_frame(LLMFullResponseStartFrame())
         await self.start_processing_metrics()
         try:
-            await self._generate(frame.context)
+            await self._generate(frame.context, getattr(frame, "passages", ()))
         except CadenceError as exc:
             await self.push_error(error_msg=f"LLM unavailable: {exc}", exception=exc)
         finally:
             await self.stop_processing_metrics()
             await self.push_frame(LLMFullResponseEndFrame())
 
-    async def _generate(self, context: LLMContext) -> None:
+    async def _generate(self, context: LLMContext, passages) -> None:
         history = list(context.get_messages())
         messages = prompt_window(history, self._max_history)
         await self.start_ttfb_metrics()
-        pieces = self._engine.stream_chat(messages, max_tokens=self._max_reply_tokens)
+        pieces = shaped_reply(self._engine, messages, passages=passages, sampling=self._sampling,
+                              max_tokens=self._max_reply_tokens, max_sentences=self._max_reply_sentences,
+                              system_prompt=self._system_prompt, on_redacted=self._on_redacted)
         reply = []
         try:
             async for piece in pieces:
@@ -97,6 +110,12 @@ class EngineLLMService(LLMService):
         if next_window[: len(window)] != window:  # not a continuation: the window moved
             if self._warm_task is None or self._warm_task.done():
                 self._warm_task = self.create_task(self._warm(next_window), name="llm-warm-prefix")
+
+    async def warm_for_passages(self, context: LLMContext, passages: list[Passage]) -> None:
+        """The caller paused and passages for their question are ready: evaluate the prompt up
+        to them now (the question itself follows them), so the turn's prefill is short."""
+        messages = prompt_window(list(context.get_messages()), self._max_history) + [reference_message(passages)]
+        await self._warm(messages)
 
     async def cleanup(self) -> None:
         if self._warm_task is not None:

@@ -34,6 +34,7 @@ from pipecat.utils.time import time_now_iso8601
 from agent.errors import CadenceError
 from models.base import ASREngine, Transcript
 from models.hallucination import MAX_COMPRESSION_RATIO, compression_ratio
+from pipelines.retrieval import SpeculativeTranscriptFrame
 from pipelines.speech_end import silent_tail_seconds
 
 log = logging.getLogger(__name__)
@@ -89,11 +90,18 @@ class EngineSTTService(SegmentedSTTService):
         if self._speculation is not None or not self._user_speaking or not self._audio_buffer:
             return
         audio = bytes(self._audio_buffer)
-        task = self.create_task(self._engine.transcribe(self._fit(audio)), name="speculative-asr")
+        task = self.create_task(self._speculate(self._fit(audio)), name="speculative-asr")
         # A dropped guess may have failed (engine busy); mark its error seen so asyncio does not
         # report it. A guess that is used re-raises its error where it is awaited.
         task.add_done_callback(lambda t: t.cancelled() or t.exception())
         self._speculation = _Speculation(audio_bytes=len(audio), task=task)
+
+    async def _speculate(self, audio: bytes) -> Transcript:
+        transcript = await self._engine.transcribe(audio)
+        if is_plausible(transcript):
+            # Retrieval starts on the guess now, so its passages are ready when the turn ends.
+            await self.push_frame(SpeculativeTranscriptFrame(text=transcript.text))
+        return transcript
 
     def speech_resumed(self) -> None:
         """The caller went on talking: the speculative transcript is missing words."""

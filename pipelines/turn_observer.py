@@ -23,6 +23,7 @@ from pipecat.frames.frames import (
 from pipecat.observers.base_observer import BaseObserver, FramePushed
 from pipecat.processors.frame_processor import FrameDirection, FrameProcessor
 
+from pipelines.retrieval import TurnContextFrame
 from pipelines.stt import CallerSpeechEndFrame
 from pipelines.tts import TTSSentenceTimingFrame
 from pipelines.turn_timeline import Turn, TurnTimeline
@@ -57,6 +58,8 @@ class TurnObserver(BaseObserver):
         now = self._clock()
         if isinstance(frame, TranscriptionFrame):
             self.timeline.transcript(frame.text, now)
+        elif isinstance(frame, TurnContextFrame):
+            self.timeline.stage("retrieval", now)
         elif isinstance(frame, LLMTextFrame) and not isinstance(frame, TTSTextFrame):
             self.timeline.stage("llm_first_token", now)
         elif isinstance(frame, LLMFullResponseEndFrame):

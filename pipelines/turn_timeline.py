@@ -13,6 +13,7 @@ from dataclasses import dataclass, field
 # Stage names in pipeline order; each is a timestamp (seconds, wall clock) on a turn.
 STAGES = (
     "asr_final",  # final transcript of the caller's turn
+    "retrieval",  # the turn's passages are in the LLM request (agents with knowledge only)
     "llm_first_token",  # first text piece from the LLM
     "first_sentence",  # first complete sentence handed to TTS
     "tts_first_audio",  # first audio chunk out of TTS

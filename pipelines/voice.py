@@ -1,9 +1,10 @@
 """Assembles one call's voice pipeline:
 
-    caller audio -> transport in -> STT -> user turn (Silero VAD) -> LLM -> TTS
+    caller audio -> transport in -> STT -> user turn (Silero VAD) -> retrieval -> LLM -> TTS
                  -> transport out -> assistant context (only what was spoken)
 
-Engines are shared by all calls; everything built here belongs to one call.
+Engines are shared by all calls; everything built here belongs to one call, and follows
+the call's agent as it was when the call started.
 """
 
 from __future__ import annotations
@@ -21,9 +22,13 @@ from pipecat.turns.user_start import VADUserTurnStartStrategy
 from pipecat.turns.user_stop.speech_timeout_user_turn_stop_strategy import SpeechTimeoutUserTurnStopStrategy
 from pipecat.turns.user_turn_strategies import UserTurnStrategies
 
+from pipecat.frames.frames import TTSSpeakFrame
+
 from agent.config import CadenceConfig
-from models.base import ASREngine, LLMEngine, TTSEngine
+from models.base import ASREngine, EmbeddingEngine, LLMEngine, TTSEngine
+from pipelines.call_agent import CallAgent
 from pipelines.llm import EngineLLMService
+from pipelines.retrieval import RetrievalProcessor, SearchPassages
 from pipelines.stt import EngineSTTService
 from pipelines.tts import EngineTTSService, OrpheusTTSService
 from pipelines.turn_observer import TurnObserver
@@ -40,6 +45,10 @@ class Engines:
     asr: ASREngine
     llm: LLMEngine
     tts: TTSEngine
+    embedder: EmbeddingEngine | None = None  # agents' knowledge search; None: no retrieval
+
+    def all(self) -> tuple:
+        return tuple(e for e in (self.asr, self.llm, self.tts, self.embedder) if e is not None)
 
 
 @dataclass(frozen=True)
@@ -54,24 +63,29 @@ def build_voice_call(
     *,
     engines: Engines,
     config: CadenceConfig,
+    agent: CallAgent,
     output_sample_rate: int,
     on_turn_closed: Callable[[Turn], None],
+    search: SearchPassages | None = None,
+    on_retrieval_miss: Callable[[str], None] = lambda reason: None,
+    on_redacted: Callable[[int], None] = lambda count: None,
     enable_rtvi: bool = False,
 ) -> VoiceCall:
+    """`search` finds passages in the agent's knowledge; None (or retrieval off) skips retrieval."""
     stt = EngineSTTService(engines.asr, max_segment_seconds=config.limits.max_user_turn_seconds)
     vad = PauseAwareSileroVAD(
         params=VADParams(
             confidence=config.vad.confidence,
             start_secs=config.vad.start_secs,
-            stop_secs=config.vad.stop_secs,
+            stop_secs=agent.vad_stop_secs,
             min_volume=config.vad.min_volume,
         ),
         # speculate_after_secs = 0 turns speculation off: a pause that never comes.
-        pause_secs=config.asr.speculate_after_secs if config.asr.speculate_after_secs > 0 else float("inf"),
+        pause_secs=agent.speculate_after_secs if agent.speculate_after_secs > 0 else float("inf"),
         on_pause=stt.speech_paused,
         on_resume=stt.speech_resumed,
     )
-    context = LLMContext(messages=[{"role": "system", "content": config.agent.system_prompt}])
+    context = LLMContext(messages=[{"role": "system", "content": agent.system_prompt}])
     aggregators = LLMContextAggregatorPair(
         context,
         user_params=LLMUserAggregatorParams(
@@ -87,12 +101,22 @@ def build_voice_call(
     )
     llm = EngineLLMService(
         engines.llm,
-        max_reply_tokens=config.llm.max_reply_tokens,
+        max_reply_tokens=agent.max_reply_tokens,
         max_history_messages=config.llm.max_history_messages,
+        system_prompt=agent.system_prompt,
+        sampling=agent.sampling,
+        max_reply_sentences=agent.max_reply_sentences,
+        on_redacted=on_redacted,
     )
-    tts = tts_service(engines.tts, config)
+    tts = tts_service(engines.tts, config, voice=agent.voice)
     output = transport.output()
-    pipeline = Pipeline([transport.input(), stt, aggregators.user(), llm, tts, output, aggregators.assistant()])
+    retrieval = []
+    if search is not None and agent.retrieval.enabled:
+        retrieval = [RetrievalProcessor(search, max_tokens=agent.retrieval.max_tokens,
+                                        timeout_s=config.retrieval.timeout_ms / 1000.0, on_miss=on_retrieval_miss,
+                                        on_prefetched=lambda passages: llm.warm_for_passages(context, passages))]
+    pipeline = Pipeline([transport.input(), stt, aggregators.user(), *retrieval, llm, tts, output,
+                         aggregators.assistant()])
     observer = TurnObserver(output_transport=output, on_turn_closed=on_turn_closed)
     task = PipelineWorker(
         pipeline,
@@ -102,17 +126,24 @@ def build_voice_call(
             enable_metrics=True,
         ),
         observers=[observer],
-        idle_timeout_secs=config.limits.idle_timeout_seconds,
+        idle_timeout_secs=agent.idle_timeout_seconds,
         enable_rtvi=enable_rtvi,
     )
+    if agent.greeting:
+        greeting = agent.greeting
+
+        @transport.event_handler("on_client_connected")
+        async def _greet(_transport, _client) -> None:
+            # Through TTS like any reply: the assistant aggregator keeps what was spoken of it.
+            await task.queue_frames([TTSSpeakFrame(greeting)])
+
     return VoiceCall(task=task, observer=observer, context=context)
 
 
-def tts_service(engine: TTSEngine, config: CadenceConfig) -> EngineTTSService:
+def tts_service(engine: TTSEngine, config: CadenceConfig, *, voice: str) -> EngineTTSService:
     """The agent's voice as a pipecat service: Orpheus (GPU) or the CPU voice."""
     if config.tts.engine == "orpheus":
         from models.orpheus.prompt import EMOTION_TAGS
 
-        orpheus = config.tts.orpheus
-        return OrpheusTTSService(engine, voice=orpheus.voice, model=orpheus.model, emotion_tags=EMOTION_TAGS)
-    return EngineTTSService(engine, voice=config.tts.voice)
+        return OrpheusTTSService(engine, voice=voice, model=config.tts.orpheus.model, emotion_tags=EMOTION_TAGS)
+    return EngineTTSService(engine, voice=voice)

@@ -53,10 +53,11 @@ def running_server(config: CadenceConfig, engines: Engines) -> Iterator[RunningS
     server = cadence_server(app, config, log_level="warning", lifespan="on")
     thread = threading.Thread(target=server.run, kwargs={"sockets": [sock]}, daemon=True)
     thread.start()
-    deadline = time.monotonic() + 20
-    while not server.started:
-        if time.monotonic() > deadline or not thread.is_alive():
-            raise RuntimeError("test server did not start")
+    deadline = time.monotonic() + 60
+    # Ready, not just listening: the agents' shipped documents are ingested before calls.
+    while not (server.started and app.state.readiness.ready.is_set()):
+        if time.monotonic() > deadline or not thread.is_alive() or app.state.readiness.error:
+            raise RuntimeError(f"test server did not start: {app.state.readiness.error}")
         time.sleep(0.02)
     try:
         yield RunningServer(f"http://127.0.0.1:{port}", f"ws://127.0.0.1:{port}", app)

@@ -3,10 +3,14 @@
 from __future__ import annotations
 
 import asyncio
+import re
+import zlib
 from collections.abc import AsyncIterator, Sequence
 
+import numpy as np
+
 from agent.errors import CapacityError
-from models.base import ASREngine, ChatMessage, LLMEngine, Transcript, TTSEngine
+from models.base import ASREngine, ChatMessage, EmbeddingEngine, LLMEngine, Sampling, Transcript, TTSEngine
 
 
 class ScriptedASR(ASREngine):
@@ -31,12 +35,15 @@ class ScriptedLLM(LLMEngine):
         self.refuse = refuse
         self.prompts: list[list[ChatMessage]] = []
         self.warmed: list[list[ChatMessage]] = []
+        self.samplings: list[Sampling | None] = []
         self.closed_early = 0
 
     def load(self) -> None:
         pass
 
-    async def stream_chat(self, messages: Sequence[ChatMessage], *, max_tokens: int) -> AsyncIterator[str]:
+    async def stream_chat(self, messages: Sequence[ChatMessage], *, max_tokens: int,
+                          sampling: Sampling | None = None) -> AsyncIterator[str]:
+        self.samplings.append(sampling)
         if self.refuse:
             raise CapacityError("llm engine has 16 requests waiting; retry later")
         self.prompts.append(list(messages))
@@ -72,3 +79,24 @@ class ToneTTS(TTSEngine):
         for _ in range(self.chunks):
             await asyncio.sleep(0)
             yield (1000).to_bytes(2, "little", signed=True) * self.chunk_samples
+
+
+class HashingEmbedder(EmbeddingEngine):
+    """Bag-of-words vectors (each word hashed to a dimension), L2-normalised: texts that
+    share words are close. Deterministic and instant, for tests of the code around search."""
+
+    dimensions = 384
+
+    def load(self) -> None:
+        pass
+
+    def embed_blocking(self, texts: Sequence[str]) -> np.ndarray:
+        vectors = np.zeros((len(texts), self.dimensions), dtype=np.float32)
+        for row, text in enumerate(texts):
+            for word in re.findall(r"[a-z0-9]+", text.lower()):
+                vectors[row, zlib.crc32(word.encode()) % self.dimensions] += 1.0
+        norms = np.linalg.norm(vectors, axis=1, keepdims=True)
+        return vectors / np.maximum(norms, 1e-12)
+
+    async def embed(self, texts: Sequence[str]) -> np.ndarray:
+        return self.embed_blocking(texts)

@@ -90,7 +90,8 @@ def test_a_browser_call_is_answered_and_its_turn_shows_on_the_dashboard(server, 
     assert seen["live_row"]["ttfs_ms"] == pytest.approx(stored_ttfs, abs=0.1)
     assert seen["stored_row"]["ttfs_ms"] == pytest.approx(stored_ttfs, abs=0.1)
     assert f"{round(stored_ttfs)}" in seen["stored_row"]["text"]
-    assert seen["segments"] == ["asr_final", "llm_first_token", "first_sentence", "tts_first_audio", "first_audio_sent"]
+    # The default agent has knowledge: its turns have a retrieval stage.
+    assert seen["segments"] == ["asr_final", "retrieval", "llm_first_token", "first_sentence", "tts_first_audio", "first_audio_sent"]
     assert seen["dashboard_p50"].endswith(" ms")
     for shot in seen["screenshots"]:
         assert Path(shot).read_bytes()[:8] == b"\x89PNG\r\n\x1a\n", f"{shot} is not a PNG"

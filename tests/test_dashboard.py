@@ -175,8 +175,9 @@ async def test_a_version_2_database_gains_the_turn_time_index(tmp_path):
     await store.open()
     await store.close()
     db = sqlite3.connect(path)
-    assert db.execute("PRAGMA user_version").fetchone()[0] == SCHEMA_VERSION == 4
+    assert db.execute("PRAGMA user_version").fetchone()[0] == SCHEMA_VERSION == 5
     assert db.execute("SELECT 1 FROM sqlite_master WHERE type = 'index' AND name = 'turns_spoken'").fetchone()
+    assert db.execute("SELECT 1 FROM sqlite_master WHERE type = 'table' AND name = 'agents'").fetchone()
     plan = " ".join(str(r) for r in db.execute(
         "EXPLAIN QUERY PLAN SELECT * FROM turns WHERE end_of_speech_at > 5 ORDER BY end_of_speech_at DESC"))
     assert "turns_spoken" in plan

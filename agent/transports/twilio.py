@@ -21,7 +21,7 @@ from pipecat.transports.websocket.fastapi import FastAPIWebsocketParams, FastAPI
 
 from agent.calls import ActiveCall, CallManager
 from agent.config import CadenceConfig
-from agent.errors import BadInputError, CapacityError
+from agent.errors import BadInputError, CapacityError, NotFoundError
 from agent.metrics import CadenceMetrics
 from agent.transports import twilio_protocol as proto
 
@@ -32,6 +32,8 @@ PHONE_SAMPLE_RATE = 8000
 # A real provider sends `connected` and `start` within a second of connecting.
 HANDSHAKE_TIMEOUT_SECONDS = 10.0
 HANDSHAKE_MAX_MESSAGES = 8
+# The `start` event's customParameters key that names the agent (a <Parameter> in TwiML).
+AGENT_PARAMETER = "agent"
 
 # WebSocket close codes (RFC 6455): 1008 policy violation, 1013 try again later.
 CLOSE_POLICY = 1008
@@ -94,20 +96,27 @@ async def handle_twilio_call(websocket: WebSocket, *, manager: CallManager, conf
         await websocket.close(code=CLOSE_POLICY, reason="origin not allowed")
         return
     await websocket.accept()
-    try:
-        call = manager.admit(TRANSPORT)
-    except CapacityError as exc:
-        await websocket.close(code=CLOSE_TRY_LATER, reason=str(exc)[:120])
+    if manager.full:  # told before the handshake; the slot itself is taken once `start` names the agent
+        manager.refuse(TRANSPORT)
+        await websocket.close(code=CLOSE_TRY_LATER, reason=manager.full_message[:120])
         return
     try:
         start = await read_handshake(websocket)
     except (BadInputError, TimeoutError, WebSocketDisconnect) as exc:
-        manager.release(call)
         kind = "handshake_timeout" if isinstance(exc, TimeoutError) else "handshake"
         metrics.bad_input.labels(TRANSPORT, kind).inc()
         if not isinstance(exc, WebSocketDisconnect):
             reason = str(exc) if isinstance(exc, BadInputError) else "no start event in time"
             await _close_quietly(websocket, CLOSE_POLICY, reason)
+        return
+    try:
+        call = manager.admit(TRANSPORT, start.custom_parameters.get(AGENT_PARAMETER))
+    except CapacityError as exc:
+        await _close_quietly(websocket, CLOSE_TRY_LATER, str(exc))
+        return
+    except NotFoundError as exc:
+        metrics.calls_refused.labels(TRANSPORT, "unknown_agent").inc()
+        await _close_quietly(websocket, CLOSE_POLICY, str(exc))
         return
     await _run_call(websocket, call, start, manager=manager, config=config, metrics=metrics)
 

@@ -50,7 +50,17 @@ def parse_offer(body: bytes, max_bytes: int) -> dict[str, Any]:
     pc_id = data.get("pc_id")
     if pc_id is not None:
         raise BadSignalingError("renegotiating an existing connection is not supported; send a new offer without pc_id")
-    return {"sdp": sdp, "type": kind}
+    return {"sdp": sdp, "type": kind, "agent": _agent_of(data)}
+
+
+def _agent_of(offer: dict[str, Any]) -> str | None:
+    """The agent an offer names: `agent` at the top, or in pipecat clients' request data."""
+    request_data = offer.get("request_data", offer.get("requestData"))
+    nested = request_data.get("agent") if isinstance(request_data, dict) else None
+    agent = offer.get("agent", nested)
+    if agent is not None and not isinstance(agent, str):
+        raise BadSignalingError("'agent' must be an agent's name (a string)")
+    return agent
 
 
 def ice_servers(config: CadenceConfig) -> list[RTCIceServer]:
@@ -67,14 +77,15 @@ class WebRTCCalls:
         self._metrics = metrics
         self._connections: dict[str, SmallWebRTCConnection] = {}
 
-    async def answer(self, body: bytes) -> dict[str, Any]:
-        """Raises BadSignalingError (-> 400) or CapacityError (-> 503)."""
+    async def answer(self, body: bytes, agent: str | None = None) -> dict[str, Any]:
+        """`agent` (the query parameter) wins over one named in the body. Raises
+        BadSignalingError (-> 400), NotFoundError (-> 404) or CapacityError (-> 503)."""
         try:
             offer = parse_offer(body, self._config.server.max_sdp_bytes)
         except BadSignalingError:
             self._metrics.bad_input.labels(TRANSPORT, "offer").inc()
             raise
-        call = self._manager.admit(TRANSPORT)
+        call = self._manager.admit(TRANSPORT, agent or offer["agent"])
         connection = SmallWebRTCConnection(ice_servers=ice_servers(self._config))
         try:
             await connection.initialize(sdp=offer["sdp"], type=offer["type"])

@@ -1,0 +1,40 @@
+"""One reply from the LLM, shaped for a caller: the same path for calls and text chat.
+
+The engine's pieces pass a sentence budget (a phone reply is two sentences; a small model
+that rambles past them is cut and its generation stopped) and then a guard that keeps the
+system prompt and its secrets out of what is said (`PromptLeakGuard`).
+"""
+
+from __future__ import annotations
+
+from collections.abc import AsyncIterator, Callable, Sequence
+
+from models.base import ChatMessage, LLMEngine, Sampling
+from pipelines.knowledge_context import Passage, with_references
+from pipelines.reply_shaping import PromptLeakGuard, SentenceBudget
+
+
+async def shaped_reply(engine: LLMEngine, messages: Sequence[ChatMessage], *, passages: Sequence[Passage] = (),
+                       sampling: Sampling | None, max_tokens: int, max_sentences: int, system_prompt: str,
+                       on_redacted: Callable[[int], None] = lambda count: None) -> AsyncIterator[str]:
+    """Streams the reply's text. Closing it early (barge-in) stops generation on the engine."""
+    # With no cap and nothing to guard, pieces pass exactly as the engine streams them.
+    budget = SentenceBudget(max_sentences) if max_sentences > 0 else None
+    guard = PromptLeakGuard(system_prompt) if system_prompt.strip() else None
+    pieces = engine.stream_chat(with_references(messages, passages), max_tokens=max_tokens, sampling=sampling)
+    try:
+        async for piece in pieces:
+            text, done = budget.feed(piece) if budget else (piece, False)
+            safe = guard.feed(text) if guard else text
+            if safe:
+                yield safe
+            if done:
+                break
+        tail = budget.flush() if budget else ""
+        tail = (guard.feed(tail) + guard.flush()) if guard else tail
+        if tail:
+            yield tail
+    finally:
+        await pieces.aclose()
+        if guard is not None and guard.redactions:
+            on_redacted(guard.redactions)

@@ -10,8 +10,11 @@ from __future__ import annotations
 from collections.abc import AsyncIterator, Callable, Sequence
 
 from models.base import ChatMessage, LLMEngine, Sampling
-from pipelines.knowledge_context import Passage, with_references
-from pipelines.reply_shaping import PromptLeakGuard, SentenceBudget
+from pipelines.knowledge_context import REFERENCE_CLOSE, REFERENCE_OPEN, Passage, with_references
+from pipelines.reply_shaping import MarkupStop, PromptLeakGuard, SentenceBudget
+
+# A reply that starts writing the passages' fence is reading its context out: it ends there.
+FENCE_MARKERS = (REFERENCE_OPEN, REFERENCE_CLOSE)
 
 
 async def shaped_reply(engine: LLMEngine, messages: Sequence[ChatMessage], *, passages: Sequence[Passage] = (),
@@ -21,16 +24,21 @@ async def shaped_reply(engine: LLMEngine, messages: Sequence[ChatMessage], *, pa
     # With no cap and nothing to guard, pieces pass exactly as the engine streams them.
     budget = SentenceBudget(max_sentences) if max_sentences > 0 else None
     guard = PromptLeakGuard(system_prompt) if system_prompt.strip() else None
+    markup = MarkupStop(FENCE_MARKERS) if passages else None
     pieces = engine.stream_chat(with_references(messages, passages), max_tokens=max_tokens, sampling=sampling)
+    fenced = False
     try:
         async for piece in pieces:
+            piece, fenced = markup.feed(piece) if markup else (piece, False)
             text, done = budget.feed(piece) if budget else (piece, False)
+            done = done or fenced
             safe = guard.feed(text) if guard else text
             if safe:
                 yield safe
             if done:
                 break
-        tail = budget.flush() if budget else ""
+        tail = (markup.flush() if markup and not fenced else "")
+        tail = (budget.feed(tail)[0] + budget.flush()) if budget else tail
         tail = (guard.feed(tail) + guard.flush()) if guard else tail
         if tail:
             yield tail

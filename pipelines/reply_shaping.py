@@ -247,3 +247,33 @@ class PromptLeakGuard:
         runs = (tuple(words[i:i + LEAK_RUN_WORDS]) for i in range(len(words) - LEAK_RUN_WORDS + 1))
         return (any(c in chars[max(0, recent - len(c) + 1):] for c in self._canaries)
                 or any(run in self._prompt_runs for run in runs))
+
+
+class MarkupStop:
+    """Ends a reply where the model starts writing prompt markup (`<reference>`, the fence
+    its passages came in): a small model that begins to regurgitate its context would read
+    the whole block out. `feed(piece)` returns (text to pass on, done); a trailing piece of
+    text that could still become a marker is held until the next piece or `flush()`."""
+
+    def __init__(self, markers: Iterable[str]) -> None:
+        self._markers = tuple(m.lower() for m in markers)
+        self._held = ""
+        self._done = False
+
+    def feed(self, piece: str) -> tuple[str, bool]:
+        if self._done:
+            return "", True
+        text, self._held = self._held + piece, ""
+        lowered = text.lower()
+        found = [i for i in (lowered.find(m) for m in self._markers) if i >= 0]
+        if found:
+            self._done = True
+            return text[: min(found)].rstrip(), True
+        keep = max((k for m in self._markers for k in range(1, len(m)) if lowered.endswith(m[:k])), default=0)
+        if keep:
+            text, self._held = text[:-keep], text[-keep:]
+        return text, False
+
+    def flush(self) -> str:
+        held, self._held, self._done = self._held, "", False
+        return held

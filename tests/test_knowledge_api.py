@@ -187,7 +187,8 @@ async def test_an_oversized_file_is_refused_without_reading_the_rest(service):
 @pytest.mark.parametrize(("content_type", "body"), [
     ("application/json", b'{"file": "x"}'),
     ("multipart/form-data", b"no boundary"),
-    ("multipart/form-data; boundary=zz", b"--zz\r\nContent-Disposition: form-data; name=\"other\"\r\n\r\nv\r\n--zz--\r\n"),
+    ("multipart/form-data; boundary=zz",
+     b"--zz\r\nContent-Disposition: form-data; name=\"other\"\r\n\r\nv\r\n--zz--\r\n"),
 ])
 async def test_a_request_without_files_is_400(service, content_type, body):
     client, _, _ = service
@@ -243,8 +244,8 @@ async def test_search_is_isolated_between_agents(service):
     clinic_ids = {r["chunk_id"] for r in (await client.get(
         "/api/agents/clinic/search", params={"q": "opening hours Dr. Lee", "k": 20})).json()["results"]}
     for mode in ("hybrid", "dense", "lexical"):
-        results = (await client.get("/api/agents/shop/search",
-                                    params={"q": "opening hours Dr. Lee Mondays", "k": 20, "mode": mode})).json()["results"]
+        params = {"q": "opening hours Dr. Lee Mondays", "k": 20, "mode": mode}
+        results = (await client.get("/api/agents/shop/search", params=params)).json()["results"]
         assert all(r["source"] == "returns.txt" for r in results)
         assert not clinic_ids & {r["chunk_id"] for r in results}
 

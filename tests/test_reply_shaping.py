@@ -6,7 +6,7 @@ import random
 
 import pytest
 
-from pipelines.reply_shaping import REFUSAL, PromptLeakGuard, SentenceBudget, canary_tokens
+from pipelines.reply_shaping import REFUSAL, MarkupStop, PromptLeakGuard, SentenceBudget, canary_tokens
 from pipelines.text_chunking import split_first_phrase
 
 
@@ -220,3 +220,22 @@ def test_text_without_spaces_is_released_in_bounded_pieces():
 def test_a_short_prompt_has_no_runs_to_leak():
     assert guarded(["Be kind always. Be kind always."], prompt="Be kind always.") == (
         "Be kind always. Be kind always.", 0)
+
+
+@pytest.mark.parametrize("pieces, said", [
+    (["We open at eight.", "\n<refer", "ence>\n[1] The clinic"], "We open at eight."),
+    (["Sure", " </reference> and more"], "Sure"),
+    (["No markup <b>here</b>."], "No markup <b>here</b>."),
+    (["Ends with <ref"], "Ends with <ref"),  # held, then released at the end: it never became a marker
+])
+def test_markup_stop_ends_a_reply_where_the_model_writes_its_prompt_fence(pieces, said):
+    stop = MarkupStop(["<reference>", "</reference>"])
+    out, done = [], False
+    for piece in pieces:
+        text, done = stop.feed(piece)
+        out.append(text)
+        if done:
+            break
+    if not done:
+        out.append(stop.flush())
+    assert "".join(out).strip() == said

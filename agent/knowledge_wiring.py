@@ -76,11 +76,19 @@ class Knowledge:
 
     async def sync_file_agents(self, agents: dict[str, FileAgent]) -> None:
         """Ingests the documents YAML agents name; a document already stored (same content)
-        is skipped, so a restart costs nothing. A bad document stops startup."""
+        is skipped, so a restart costs nothing, and an edited file replaces its old version.
+        A bad document stops startup."""
         if self.base is None:
             return
         for agent in agents.values():
+            name = agent.spec.name
+            current: dict[str, str] = {}  # file name -> id of its stored version
             for path in agent.knowledge_paths():
                 kind = mimetypes.guess_type(path.name)[0]
-                info = await self.base.ingest(agent.spec.name, path.name, kind, Path(path).read_bytes())
-                log.info("agent %s: %s ready (%d chunks)", agent.spec.name, path.name, info.chunk_count)
+                info = await self.base.ingest(name, path.name, kind, Path(path).read_bytes())
+                current[path.name] = info.id
+                log.info("agent %s: %s ready (%d chunks)", name, path.name, info.chunk_count)
+            for stored in await self.base.list_documents(name):
+                if stored.source in current and stored.id != current[stored.source]:
+                    await self.base.delete_document(name, stored.id)
+                    log.info("agent %s: replaced the old version of %s", name, stored.source)

@@ -164,3 +164,20 @@ def test_a_reply_that_quotes_the_secret_or_the_prompt_is_redacted_and_counted(co
         assert CANARY not in done["reply"] and done["redactions"] >= 1
         assert "opening hours" in done["reply"], "the rest of the reply still comes through"
         assert 'cadence_redactions_total{path="chat"}' in client.get("/metrics").text
+
+
+def test_an_edited_knowledge_file_replaces_its_old_version_at_start(config, tmp_path):
+    agents, docs = tmp_path / "agents", tmp_path / "docs"
+    agents.mkdir()
+    docs.mkdir()
+    (agents / "default.yaml").write_text("name: default\nsystem_prompt: Hi.\nknowledge_files: ['../docs/*.md']\n")
+    (docs / "hours.md").write_text("# Hours\nWe open at eight on weekdays.\n")
+    config = replace(config, agents=replace(config.agents, dir=str(agents)))
+    with serving(config) as (client, _):
+        first, = client.get("/api/agents/default/knowledge").json()["documents"]
+    (docs / "hours.md").write_text("# Hours\nWe open at nine on weekdays.\n")
+    with serving(config) as (client, _):
+        second, = client.get("/api/agents/default/knowledge").json()["documents"]
+        results = client.get("/api/agents/default/search", params={"q": "when do you open"}).json()["results"]
+    assert second["id"] != first["id"] and "nine" in results[0]["text"]
+    assert not any("eight" in r["text"] for r in results)

@@ -32,9 +32,11 @@ def main(argv: list[str] | None = None) -> int:
     serve.add_argument("--log-level", default="info", choices=["debug", "info", "warning", "error"])
     agents = sub.add_parser("agents", help="list, show or apply agents on a running server")
     agents_sub = agents.add_subparsers(dest="agents_command", required=True)
-    agents_sub.add_parser("list", help="every agent, the default first")
-    agents_sub.add_parser("show", help="one agent: its definition and what calls get").add_argument("name")
-    agents_sub.add_parser("apply", help="create or replace the agent a YAML/JSON file defines").add_argument("file")
+    listing = agents_sub.add_parser("list", help="every agent, the default first")
+    show = agents_sub.add_parser("show", help="one agent: its definition and what calls get")
+    show.add_argument("name")
+    apply = agents_sub.add_parser("apply", help="create or replace the agent a YAML/JSON file defines")
+    apply.add_argument("file")
     chat = sub.add_parser("chat", help="talk to an agent in text: the same retrieval + LLM path as a call")
     chat.add_argument("name")
     chat.add_argument("--passages", action="store_true", help="print the passages each reply used")
@@ -42,7 +44,7 @@ def main(argv: list[str] | None = None) -> int:
     ingest.add_argument("name")
     ingest.add_argument("paths", nargs="+")
     ingest.add_argument("--quiet", action="store_true", help="no progress bar")
-    for client in (agents, chat, ingest):
+    for client in (listing, show, apply, chat, ingest):
         client.add_argument("--url", default=DEFAULT_URL, help=f"the server (default {DEFAULT_URL})")
     bench = sub.add_parser("bench", help="component benchmarks")
     bench_sub = bench.add_subparsers(dest="bench", required=True)

@@ -22,6 +22,7 @@ from dataclasses import dataclass
 
 from fastapi import APIRouter, Request
 from fastapi.responses import JSONResponse, Response
+from starlette.requests import ClientDisconnect
 from python_multipart.multipart import MultipartParser, parse_options_header
 
 from agent.http_util import error_response
@@ -72,7 +73,8 @@ class UploadReader:
         except KnowledgeError:
             raise
         except Exception as exc:  # python-multipart's parse errors
-            raise BadUpload(f"the upload is not a valid multipart form ({exc}); send it as multipart/form-data") from None
+            raise BadUpload(f"the upload is not a valid multipart form ({exc}); "
+                            "send it as multipart/form-data") from None
 
     def finish(self) -> list[Upload]:
         self._parser.finalize()
@@ -136,8 +138,11 @@ async def read_uploads(request: Request, options: KnowledgeOptions) -> list[Uplo
     if media != b"multipart/form-data" or not params.get(b"boundary"):
         raise BadUpload(f"send the files as multipart/form-data in the field {FILE_FIELD!r}")
     reader = UploadReader(params[b"boundary"], options)
-    async for chunk in request.stream():
-        reader.feed(chunk)
+    try:
+        async for chunk in request.stream():
+            reader.feed(chunk)
+    except ClientDisconnect:
+        raise BadUpload("the client closed the connection before the upload ended") from None
     return reader.finish()
 
 

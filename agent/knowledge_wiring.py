@@ -6,6 +6,7 @@ One place that composes `knowledge/` for the app, so `app.py` stays routes and w
 
 from __future__ import annotations
 
+import asyncio
 import logging
 import mimetypes
 import time
@@ -72,6 +73,7 @@ class Knowledge:
 
     async def forget_agent(self, name: str) -> None:
         if self.base is not None:
+            self.jobs.cancel_agent(name)  # a queued upload must not land after the agent is gone
             await self.base.delete_agent(name)
 
     async def sync_file_agents(self, agents: dict[str, FileAgent]) -> None:
@@ -85,7 +87,8 @@ class Knowledge:
             current: dict[str, str] = {}  # file name -> id of its stored version
             for path in agent.knowledge_paths():
                 kind = mimetypes.guess_type(path.name)[0]
-                info = await self.base.ingest(name, path.name, kind, Path(path).read_bytes())
+                data = await asyncio.to_thread(Path(path).read_bytes)
+                info = await self.base.ingest(name, path.name, kind, data)
                 current[path.name] = info.id
                 log.info("agent %s: %s ready (%d chunks)", name, path.name, info.chunk_count)
             for stored in await self.base.list_documents(name):

@@ -52,9 +52,12 @@ class KnowledgeOptions:
     # Reciprocal rank fusion constant: score = sum of 1 / (rrf_k + rank); 60 is the value of
     # Cormack et al. (2009), where a rank-1 hit in one list and absence in the other still counts.
     rrf_k: int = 60
-    # How hybrid search merges its two lists: "rrf" (ranks only) or "convex" (dense_weight *
-    # normalised cosine + the rest * normalised BM25). latency_bench.retrieval_bench reports both.
-    fusion: str = "rrf"
+    # How hybrid search merges its two lists: "convex" (dense_weight * normalised cosine + the
+    # rest * normalised BM25) or "rrf" (ranks only). Convex is the default by measurement
+    # (latency_bench.retrieval_bench, 15 needles among 1k same-topic chunks): recall@3 1.0
+    # against RRF's 0.73 and dense-only's 0.93. RRF lets notes that merely name a place
+    # outvote dense search's clear first hit; scores keep that margin. Equal at 10k and 100k.
+    fusion: str = "convex"
     # Share of the dense score under "convex" fusion; 0.7 favours meaning over shared words.
     dense_weight: float = 0.7
 
@@ -68,7 +71,8 @@ class KnowledgeOptions:
         if self.chunk_overlap_sentences < 0:
             raise ValueError(f"knowledge.chunk_overlap_sentences must be >= 0, got {self.chunk_overlap_sentences}")
         if self.background_threshold_bytes < 0:
-            raise ValueError(f"knowledge.background_threshold_bytes must be >= 0, got {self.background_threshold_bytes}")
+            raise ValueError("knowledge.background_threshold_bytes must be >= 0, "
+                             f"got {self.background_threshold_bytes}")
         if self.close_timeout_s <= 0:
             raise ValueError(f"knowledge.close_timeout_s must be > 0, got {self.close_timeout_s}")
         if self.binary_candidates < self.candidate_pool:

@@ -392,7 +392,8 @@ def run(sizes: list[int], *, repeats: int = 3, real: int = 2000, query_count: in
 def _table(results: dict) -> str:
     lines = [json.dumps(results["setup"])]
     header = ("chunks", "p50_ms", "p95_ms", "embed_p50", "hybrid_p50", "dense_p50", "lexical_p50",
-              "knn_f32_p50", "knn_i8_p50", "knn_bit_p50", "bit_recall10", "bit_recall10_real", "B/10k", "r3_dense", "r3_lexical", "r3_rrf", "r3_convex")
+              "knn_f32_p50", "knn_i8_p50", "knn_bit_p50", "bit_recall10", "bit_recall10_real", "B/10k",
+              "r3_dense", "r3_lexical", "r3_rrf", "r3_convex")
     rows = [header]
     for level in results["levels"]:
         b, v, r = level["breakdown"], level["vec0_knn"], level["needles"]["recall_at_3"]["all"]
@@ -400,7 +401,8 @@ def _table(results: dict) -> str:
             level["chunks"], level["search"]["p50_ms"], level["search"]["p95_ms"], b["embed"]["p50_ms"],
             b["hybrid_search"]["p50_ms"], b["dense_search"]["p50_ms"], b["lexical_search"]["p50_ms"],
             v["float32"]["p50_ms"], v["int8"]["p50_ms"], v["bit"]["p50_ms"], v["bit_rescored_recall_at_10"],
-            v["bit_rescored_recall_at_10_real_only"], level["bytes_per_10k_chunks"], r["dense"], r["lexical"], r["hybrid_rrf"], r["hybrid_convex"])))
+            v["bit_rescored_recall_at_10_real_only"], level["bytes_per_10k_chunks"],
+            r["dense"], r["lexical"], r["hybrid_rrf"], r["hybrid_convex"])))
     widths = [max(len(row[i]) for row in rows) for i in range(len(header))]
     lines += ["  ".join(cell.ljust(w) for cell, w in zip(row, widths, strict=True)) for row in rows]
     for level in results["levels"]:

@@ -186,7 +186,7 @@ def test_search_modes_scores_and_k(index):
     assert dense[0].text == lexical[0].text == hybrid[0].text == "A check-up costs 40 pounds."
     assert -1.0 <= dense[1].score <= dense[0].score <= 1.0001  # cosine
     assert lexical[0].score > 0  # -bm25
-    assert hybrid[0].score == pytest.approx(2 / 61)  # first in both lists: 1/(60+1) twice
+    assert hybrid[0].score == pytest.approx(1.0)  # convex (the default): first in both normalised lists
     assert hybrid[0].source == "notes.txt" and hybrid[0].heading is None
     with pytest.raises(ValueError):
         search(index, "clinic", "x", "magic")
@@ -194,12 +194,12 @@ def test_search_modes_scores_and_k(index):
         search(index, "clinic", "x", k=0)
 
 
-def test_convex_fusion_is_an_option(tmp_path):
-    index = KnowledgeIndex(str(tmp_path / "k.sqlite3"), KnowledgeOptions(fusion="convex"))
+def test_reciprocal_rank_fusion_is_an_option(tmp_path):
+    index = KnowledgeIndex(str(tmp_path / "k.sqlite3"), KnowledgeOptions(fusion="rrf"))
     index.open()
     add(index, "clinic", CLINIC)
     (best,) = search(index, "clinic", "check-up costs", k=1)
-    assert best.text == "A check-up costs 40 pounds." and best.score == pytest.approx(1.0)
+    assert best.text == "A check-up costs 40 pounds." and best.score == pytest.approx(2 / 61)  # 1/(60+1) twice
     index.close()
 
 

@@ -34,7 +34,8 @@ from knowledge.chunking import Chunk, chunk_document
 from knowledge.documents import parse_document
 from knowledge.errors import (EmbedderUnavailable, EmptyDocument, IngestCancelled, KnowledgeBusy, KnowledgeError,
                               KnowledgeFull, KnowledgeSchemaError)
-from knowledge.index import KnowledgeIndex, SearchHit, StoredDocument, fuse
+from knowledge.index import KnowledgeIndex, SearchHit, StoredDocument
+from knowledge.ranking import fuse
 from knowledge.options import SEARCH_MODES, KnowledgeOptions
 from models.base import EmbeddingEngine
 

@@ -29,18 +29,15 @@ user_version, so the knowledge tables keep their own version (and the vector len
 Isolation: every query is filtered to one agent twice, in the index (partition key, agent
 token) and again when rows are read (`knowledge_chunks.agent = ?`).
 
-Scores: hybrid is the reciprocal rank fusion score sum(1 / (rrf_k + rank)) (or, with
-fusion "convex", the weighted sum of min-max normalised scores, in [0, 1]); dense is the
-cosine similarity; lexical is -bm25 (higher is better in all).
+Scores: hybrid is, with fusion "convex" (the default), the weighted sum of min-max
+normalised scores, in [0, 1] (with "rrf", sum(1 / (rrf_k + rank))); dense is the cosine
+similarity; lexical is -bm25 (higher is better in all). The query terms and the fusion are
+in knowledge/ranking.py; the sqlite-vec loading in knowledge/connection.py.
 """
 
 from __future__ import annotations
 
-import ctypes
-import functools
 import hashlib
-import os
-import re
 import sqlite3
 import time
 import uuid
@@ -51,7 +48,9 @@ import numpy as np
 
 from knowledge.chunking import Chunk
 from knowledge.errors import DocumentNotFound, KnowledgeError, KnowledgeSchemaError
+from knowledge.connection import connect
 from knowledge.options import SEARCH_MODES, KnowledgeOptions
+from knowledge.ranking import fuse, query_terms
 
 SCHEMA_VERSION = 1
 # version reached -> statements that bring the previous version there
@@ -85,19 +84,6 @@ CREATE VIRTUAL TABLE knowledge_vectors USING vec0(
 """
 MMAP_BYTES = 256 * 1024 * 1024  # reads of vector chunks skip the page cache copy
 BUSY_TIMEOUT_S = 10.0  # the call store writes to the same file; wait for its lock this long
-MAX_QUERY_TERMS = 16  # each term costs a count and a posting list; a 1000-char question stops here
-# Words too common to tell chunks apart; a question is mostly these ("what time do you ...").
-STOP_WORDS = frozenset("""
-a about above after again all also am an and any are as at be been before being below between both
-but by can could did do does doing down during each few for from further had has have having he her
-here hers him his how i if in into is it its just me more most my no nor not now of off on once only
-or other our ours out over own same she should so some such than that the their them then there
-these they this those through to too under until up very was we were what when where which while
-who whom why will with would you your yours yourself hi hello please thanks thank tell know like
-s t d ll re ve m don doesn didn isn aren wasn weren won couldn shouldn wouldn haven hasn hadn
-""".split())  # the last line: pieces of contractions ("can't" -> "can", "t")
-
-
 @dataclass(frozen=True)
 class SearchHit:
     chunk_id: int
@@ -120,107 +106,9 @@ class StoredDocument:
     created_at: float
 
 
-def connect(path: str, *, timeout: float) -> sqlite3.Connection:
-    """A connection in autocommit mode (transactions are explicit) with sqlite-vec loaded.
-
-    Python built without loadable extensions (pyenv's default) has no
-    `enable_load_extension`; then sqlite-vec is registered as an auto-extension of the
-    libsqlite3 that `_sqlite3` itself uses. Never a second SQLite copy (pysqlite3): two
-    copies in one process break each other's POSIX locks on the same file."""
-    loadable = hasattr(sqlite3.Connection, "enable_load_extension")
-    if not loadable:
-        _register_sqlite_vec()
-    db = sqlite3.connect(path, timeout=timeout, isolation_level=None, check_same_thread=False)
-    try:
-        if loadable:
-            import sqlite_vec
-
-            db.enable_load_extension(True)
-            try:
-                sqlite_vec.load(db)
-            finally:
-                db.enable_load_extension(False)
-        db.execute("SELECT vec_version()")
-    except (sqlite3.Error, AttributeError) as exc:
-        db.close()
-        raise KnowledgeSchemaError(f"sqlite-vec could not be loaded ({exc}); reinstall sqlite-vec") from None
-    return db
-
-
-@functools.cache  # one registration per process: it applies to every later connection
-def _register_sqlite_vec() -> None:
-    import _sqlite3
-
-    import sqlite_vec
-
-    base = sqlite_vec.loadable_path()
-    path = next((base + s for s in ("", ".so", ".dylib", ".dll") if os.path.isfile(base + s)), base)
-    try:
-        library = ctypes.CDLL(_sqlite3.__file__)  # its symbols resolve to the libsqlite3 it links
-        init = ctypes.CDLL(path).sqlite3_vec_init
-        code = library.sqlite3_auto_extension(ctypes.cast(init, ctypes.c_void_p))
-    except (OSError, AttributeError) as exc:
-        raise KnowledgeSchemaError(f"sqlite-vec could not be registered ({exc}); use a Python whose "
-                                   "sqlite3 can load extensions") from None
-    if code != 0:
-        raise KnowledgeSchemaError(f"sqlite3_auto_extension failed with code {code}")
-
-
 def agent_token(agent: str) -> str:
     """One FTS token per agent: letters then digits, which no tokenizer splits or stems."""
     return "agent" + str(int.from_bytes(hashlib.sha256(agent.encode()).digest()[:8], "big"))
-
-
-def query_terms(text: str) -> list[str]:
-    """Caller text -> its distinct non-stop words (runs of letters and digits), in order, at
-    most MAX_QUERY_TERMS. Quotes, NEAR, *, ^, column filters and parentheses cannot pass."""
-    terms: list[str] = []
-    for word in re.findall(r"[^\W_]+", text.lower()):
-        if word not in STOP_WORDS and word not in terms and (len(word) > 1 or word.isdigit()):
-            terms.append(word)
-    return terms[:MAX_QUERY_TERMS]
-
-
-def fts_query(text: str) -> str | None:
-    """A safe FTS5 OR query of the text's terms, each quoted; None when no term is left
-    (punctuation only, stop words only)."""
-    terms = query_terms(text)
-    return " OR ".join(f'"{term}"' for term in terms) if terms else None
-
-
-def fuse(lexical: Sequence[tuple[int, float]], dense: Sequence[tuple[int, float]], mode: str,
-         options: KnowledgeOptions) -> list[tuple[int, float]]:
-    """The ranking a search mode answers with, from the two retrievers' rankings."""
-    if mode == "hybrid" and options.fusion == "convex":
-        return convex_fuse(dense, lexical, options.dense_weight)
-    if mode == "hybrid":
-        return rrf_fuse([[i for i, _ in lexical], [i for i, _ in dense]], options.rrf_k)
-    return list(lexical if mode == "lexical" else dense)
-
-
-def convex_fuse(dense: Sequence[tuple[int, float]], lexical: Sequence[tuple[int, float]],
-                dense_weight: float) -> list[tuple[int, float]]:
-    """Convex combination of min-max normalised scores (Bruch et al., 2023): unlike ranks,
-    scores keep the margin by which dense search prefers its best hit, so a paraphrase whose
-    only shared word is a common place name is not outvoted by the notes that name it."""
-    scores: dict[int, float] = {}
-    for ranking, weight in ((dense, dense_weight), (lexical, 1.0 - dense_weight)):
-        if not ranking:
-            continue
-        high, low = max(s for _, s in ranking), min(s for _, s in ranking)
-        for item, score in ranking:
-            normalised = (score - low) / (high - low) if high > low else 1.0
-            scores[item] = scores.get(item, 0.0) + weight * normalised
-    return sorted(scores.items(), key=lambda pair: (-pair[1], pair[0]))
-
-
-def rrf_fuse(rankings: Sequence[Sequence[int]], rrf_k: int) -> list[tuple[int, float]]:
-    """Reciprocal rank fusion: ids by sum(1 / (rrf_k + rank)) over the lists, rank from 1."""
-    scores: dict[int, float] = {}
-    for ranking in rankings:
-        for rank, item in enumerate(ranking, start=1):
-            scores[item] = scores.get(item, 0.0) + 1.0 / (rrf_k + rank)
-    return sorted(scores.items(), key=lambda pair: (-pair[1], pair[0]))
 
 
 class KnowledgeIndex:

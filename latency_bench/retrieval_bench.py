@@ -36,7 +36,9 @@ import numpy as np
 
 from knowledge.base import KnowledgeBase
 from knowledge.chunking import Chunk
-from knowledge.index import KnowledgeIndex, connect, convex_fuse, rrf_fuse
+from knowledge.connection import connect
+from knowledge.index import KnowledgeIndex
+from knowledge.ranking import convex_fuse, rrf_fuse
 from knowledge.options import KnowledgeOptions
 from latency_bench.stats import percentile
 from models.base import EmbeddingEngine
@@ -285,7 +287,7 @@ def _vector_layouts(vectors: np.ndarray, queries: np.ndarray, k: int, *, timing:
     exact = np.argsort(-(queries @ vectors.T), axis=1)[:, :10]
     hits = 0
     for query, truth in zip(queries, exact, strict=True):
-        ids = [row[0] - 1 for row in db.execute(f"SELECT id FROM v_bit WHERE e MATCH vec_bit(?) AND k = ?",
+        ids = [row[0] - 1 for row in db.execute("SELECT id FROM v_bit WHERE e MATCH vec_bit(?) AND k = ?",
                                                 (np.packbits(query > 0).tobytes(), k))]
         best = np.array(ids)[np.argsort(-(vectors[ids] @ query))[:10]]
         hits += len(set(best.tolist()) & set(truth.tolist()))

@@ -10,7 +10,8 @@ import pytest
 
 from knowledge.chunking import Chunk
 from knowledge.errors import DocumentNotFound, KnowledgeSchemaError
-from knowledge.index import KnowledgeIndex, agent_token, convex_fuse, fts_query, rrf_fuse
+from knowledge.index import KnowledgeIndex, agent_token
+from knowledge.ranking import convex_fuse, fts_query, rrf_fuse
 from knowledge.options import KnowledgeOptions
 from tests.fakes import HashingEmbedder
 

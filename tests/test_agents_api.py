@@ -181,3 +181,15 @@ def test_an_edited_knowledge_file_replaces_its_old_version_at_start(config, tmp_
         results = client.get("/api/agents/default/search", params={"q": "when do you open"}).json()["results"]
     assert second["id"] != first["id"] and "nine" in results[0]["text"]
     assert not any("eight" in r["text"] for r in results)
+
+
+def test_the_agents_sampling_and_reply_caps_reach_the_engine(config):
+    with serving(config) as (client, llm):
+        agent = {"name": "terse", "system_prompt": "Be brief.", "knowledge": {"enabled": False},
+                 "llm": {"temperature": 0.1, "top_p": 0.5, "max_reply_sentences": 1}}
+        assert client.post("/api/agents", json=agent).status_code == 201
+        done = sse_events(client.post("/api/agents/terse/chat", json={"message": "When do you open?"}))[-1]
+        assert done["reply"] == "We open at eight." and done["passages"] == []
+        sampling = llm.samplings[-1]
+        assert (sampling.temperature, sampling.top_p) == (0.1, 0.5)
+        assert sampling.repeat_penalty == config.llm.repeat_penalty, "unset: the server's default"

@@ -44,15 +44,9 @@ Progress = Callable[[int, int], None]
 
 
 @dataclass(frozen=True)
-class DocumentInfo:
-    id: str
-    agent: str
-    source: str
-    kind: str
-    size_bytes: int
-    sha256: str
-    chunk_count: int
-    created_at: float
+class DocumentInfo(StoredDocument):
+    """A stored document as the API reports it."""
+
     duplicate: bool = False  # the agent already had these exact bytes; nothing new was stored
 
     @classmethod

@@ -100,14 +100,17 @@ class EngineLLMService(LLMService):
                 await self._push_llm_text(piece)
         finally:
             await pieces.aclose()
-        self._maybe_warm_next_prefix(history, messages, "".join(reply))
+        self._maybe_warm_next_prefix(history, messages, "".join(reply), used_passages=bool(passages))
 
-    def _maybe_warm_next_prefix(self, history: list[ChatMessage], window: list[ChatMessage], reply: str) -> None:
-        """If the next turn's window will start later than this one's, its prompt shares no
-        cached prefix with this one: have the engine evaluate it now, while the caller listens."""
+    def _maybe_warm_next_prefix(self, history: list[ChatMessage], window: list[ChatMessage], reply: str, *,
+                                used_passages: bool) -> None:
+        """If the next turn's prompt will not extend this one's, it shares only part of the
+        cached prefix: have the engine evaluate it now, while the caller listens. That is so
+        when the window's start moves, and after every turn with passages: they sat before
+        this turn's question, and the next prompt has the question and reply there instead."""
         following = history + [{"role": "assistant", "content": reply}, {"role": "user", "content": ""}]
         next_window = prompt_window(following, self._max_history)[:-1]
-        if next_window[: len(window)] != window:  # not a continuation: the window moved
+        if used_passages or next_window[: len(window)] != window:
             if self._warm_task is None or self._warm_task.done():
                 self._warm_task = self.create_task(self._warm(next_window), name="llm-warm-prefix")
 

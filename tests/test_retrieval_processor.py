@@ -138,7 +138,16 @@ async def test_passages_found_early_warm_the_llm_prompt_up_to_the_question():
                                    on_prefetched=lambda passages: llm.warm_for_passages(history, passages))
     await run_test(Pipeline([retrieval, llm]), frames_to_send=[SpeculativeTranscriptFrame(text="when do you open"),
                                                                LLMContextFrame(ctx)])
-    warmed, = engine.warmed
+    warmed = engine.warmed[0]  # then, after the reply, the next turn's prefix (the test below)
     prompt = engine.prompts[0]
     assert warmed == prompt[:-1], "the warmed prefix is the request minus the question"
     assert REFERENCE_OPEN in warmed[-1]["content"]
+
+
+async def test_after_a_turn_with_passages_the_next_prompt_prefix_is_warmed_without_them():
+    engine, search = ScriptedLLM(["Eight."]), RecordingSearch()
+    _, pipe = pipeline(search, engine)
+    await run_test(pipe, frames_to_send=[LLMContextFrame(context("When do you open?"))])
+    warmed, = engine.warmed
+    assert [m["role"] for m in warmed] == ["system", "user", "assistant", "user", "assistant"]
+    assert warmed[-1]["content"] == "Eight." and not any(REFERENCE_OPEN in m["content"] for m in warmed)

@@ -4,12 +4,16 @@
     python -m latency_bench capacity [--url URL] --transport twilio [--min-turns 20] [--slo-ms 1500] --out DIR
     python -m latency_bench compare --callers N --turns K --out DIR
     python -m latency_bench retrieval-ab --url URL [--agent NAME] [--rounds 3] --turns K --out DIR
+    python -m latency_bench quality --url URL --agent NAME --out DIR [--no-spoken] [--runs 1]
 
 `run` measures N synthetic callers (with --ramp: 1, 2, 4, ... N in turn); `capacity`
 raises the number of callers until TTFS p95 breaks the SLO or replies underrun;
 `compare` runs one scenario against Cadence and against a stock pipecat pipeline on
 the same models, both started by the bench, and prints ours / stock.
-Each writes DIR/results.json and PNG plots, and prints a JSON summary.
+Each writes DIR/results.json and PNG plots, and prints a JSON summary. `quality` asks
+the question set (latency_bench/quality_set.json) by text chat and, for its spoken
+subset, by phone call; it writes DIR/quality.json and prints grounded-answer accuracy,
+refusal rate and reply length for each path.
 """
 
 from __future__ import annotations
@@ -108,6 +112,15 @@ def cmd_retrieval_ab(args) -> dict:
     return asyncio.run(retrieval_ab.run(_scenario(args), args.rounds, args.out))
 
 
+def cmd_quality(args) -> dict:
+    from latency_bench import quality
+
+    results = asyncio.run(quality.measure(args.url, args.agent, spoken=args.spoken, runs=args.runs,
+                                          config=args.config or quality.DEFAULT_CONFIG))
+    quality.write(args.out, results)
+    return results["summary"]
+
+
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(prog="python -m latency_bench", description=__doc__.split("\n\n")[0])
     sub = parser.add_subparsers(dest="command", required=True)
@@ -146,13 +159,22 @@ def main(argv: list[str] | None = None) -> int:
     ab_p = sub.add_parser("retrieval-ab", help="TTFS with the agent's retrieval on against off, alternating calls")
     common(ab_p, url_required=True)
     ab_p.add_argument("--rounds", type=int, default=3, help="calls to each agent, alternating")
+    q_p = sub.add_parser("quality", help="grounded answers, refusals and reply length of a running server")
+    q_p.add_argument("--url", required=True, help="server base URL, e.g. http://127.0.0.1:8000")
+    q_p.add_argument("--agent", default="default", help="the agent to ask, by its name on the server")
+    q_p.add_argument("--out", type=Path, required=True, help="folder for quality.json")
+    q_p.add_argument("--spoken", action=argparse.BooleanOptionalAction, default=True,
+                     help="also ask the spoken subset, one phone call per question (default: yes)")
+    q_p.add_argument("--runs", type=int, default=1, help="times the whole set is asked")
+    q_p.add_argument("--config", type=Path, help="the server's config, whose tts voice times the text replies "
+                                               "(default: configs/default.yaml)")
     args = parser.parse_args(argv)
-    if getattr(args, "callers", 1) < 1 or args.turns < 1:
-        parser.error("--callers and --turns must be at least 1")
+    if getattr(args, "callers", 1) < 1 or getattr(args, "turns", 1) < 1 or getattr(args, "runs", 1) < 1:
+        parser.error("--callers, --turns and --runs must be at least 1")
     if args.command == "compare" and args.transport != "twilio":
         parser.error("compare runs over the phone transport (the baseline serves /ws/twilio only)")
     command = {"run": cmd_run, "capacity": cmd_capacity, "compare": cmd_compare,
-               "retrieval-ab": cmd_retrieval_ab}[args.command]
+               "retrieval-ab": cmd_retrieval_ab, "quality": cmd_quality}[args.command]
     try:
         print(json.dumps(command(args), indent=2))
     except (TimeoutError, RuntimeError, ConnectionError) as exc:

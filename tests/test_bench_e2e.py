@@ -71,7 +71,7 @@ def test_the_cli_writes_results_and_plots(server, tmp_path):
 def test_the_cli_refuses_bad_arguments_with_a_message():
     done = subprocess.run([sys.executable, "-m", "latency_bench", "run", "--url", "http://127.0.0.1:9",
                            "--callers", "0", "--out", "/tmp/x"], capture_output=True, text=True, timeout=60)
-    assert done.returncode == 2 and "--callers and --turns must be at least 1" in done.stderr
+    assert done.returncode == 2 and "--callers, --turns and --runs must be at least 1" in done.stderr
 
 
 async def test_the_stock_pipecat_baseline_answers_a_phone_call(tmp_path):

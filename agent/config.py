@@ -164,6 +164,13 @@ class RetrievalDefaults:
     max_tokens: int = 200
     # A turn waits at most this long for its passages before the LLM starts without them.
     timeout_ms: float = 250.0
+    # Have the LLM read the prompt up to the passages as soon as a speculative transcript's
+    # search returns. Off by default: one llama.cpp context cannot stop a prefill it started,
+    # so a guess the caller talks past (a pause mid-question) holds the turn's own request
+    # behind ~1 s of wasted prefill on 2 cores. latency_bench retrieval-ab: retrieval added
+    # 3.2 s TTFS p50 with it on (and 3 passages), 0.96 s with it off (and 2). For engines that
+    # serve requests side by side with a prefix cache (vLLM) it is a head start.
+    warm_llm_on_guess: bool = False
 
 
 @dataclass(frozen=True)

@@ -114,7 +114,8 @@ def build_voice_call(
     if search is not None and agent.retrieval.enabled:
         retrieval = [RetrievalProcessor(search, max_tokens=agent.retrieval.max_tokens,
                                         timeout_s=config.retrieval.timeout_ms / 1000.0, on_miss=on_retrieval_miss,
-                                        on_prefetched=lambda passages: llm.warm_for_passages(context, passages))]
+                                        on_prefetched=(lambda passages: llm.warm_for_passages(context, passages))
+                                        if config.retrieval.warm_llm_on_guess else None)]
     pipeline = Pipeline([transport.input(), stt, aggregators.user(), *retrieval, llm, tts, output,
                          aggregators.assistant()])
     observer = TurnObserver(output_transport=output, on_turn_closed=on_turn_closed)

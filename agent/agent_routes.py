@@ -49,21 +49,20 @@ def agents_router(agents: AgentRegistry, chat: TextChat, *, max_body_bytes: int,
         except CadenceError as exc:
             return error_for(exc)
 
-    @router.put("/api/agents/{name}")
-    async def replace(name: str, request: Request) -> Response:
+    async def update(name: str, request: Request, change) -> Response:
         try:
-            await agents.replace(name, await json_body(request, max_body_bytes))
+            await change(name, await json_body(request, max_body_bytes))
         except CadenceError as exc:
             return error_for(exc)
         return JSONResponse(agents.describe(name))
 
+    @router.put("/api/agents/{name}")
+    async def replace(name: str, request: Request) -> Response:
+        return await update(name, request, agents.replace)
+
     @router.patch("/api/agents/{name}")
     async def patch(name: str, request: Request) -> Response:
-        try:
-            await agents.patch(name, await json_body(request, max_body_bytes))
-        except CadenceError as exc:
-            return error_for(exc)
-        return JSONResponse(agents.describe(name))
+        return await update(name, request, agents.patch)
 
     @router.delete("/api/agents/{name}")
     async def delete(name: str) -> Response:

@@ -129,12 +129,18 @@ def test_chat_streams_deltas_then_the_reply_with_the_passages_used(api):
     events = sse_events(response)
     assert [e["type"] for e in events[:-1]] == ["delta"] * (len(events) - 1) and events[-1]["type"] == "done"
     done = events[-1]
-    assert done["reply"] == "We open at eight. Walk-ins are welcome." == "".join(e["text"] for e in events[:-1]).strip(), \
-        "the reply stops after the agent's two sentences"
+    assert done["reply"] == "We open at eight." == "".join(e["text"] for e in events[:-1]).strip(), \
+        "the default agent's replies stop after one sentence"
     assert done["passages"], "the default agent's knowledge was searched"
     assert set(done["passages"][0]) == {"text", "score", "source", "chunk_id"}
     assert done["passages"][0]["source"].endswith(".md")
     assert {"retrieval", "llm_first_token", "total"} <= set(done["timing_ms"])
+
+
+def test_an_agent_without_a_sentence_cap_gets_the_servers_two_sentences(api):
+    assert api.post("/api/agents", json={**CLINIC, "knowledge": {"enabled": False}}).status_code == 201
+    done = sse_events(api.post("/api/agents/clinic/chat", json={"message": "When do you open?"}))[-1]
+    assert done["reply"] == "We open at eight. Walk-ins are welcome."
 
 
 @pytest.mark.parametrize("body, status, message", [

@@ -12,14 +12,22 @@ WHEEL_CACHE ?= $(HOME)/.cache/cadence/wheels
 LLAMA_CPP_VERSION := 0.3.36
 # Portable x86-64 build (AVX2/FMA), so a cached wheel still runs on another CPU of this kind.
 LLAMA_CMAKE_ARGS := -DGGML_NATIVE=OFF -DGGML_AVX=ON -DGGML_AVX2=ON -DGGML_FMA=ON -DGGML_F16C=ON
-DEBIAN_PACKAGES := espeak-ng flite sqlite3 chromium fonts-liberation
+# llama.cpp's own server (continuous batching, a prompt cache per slot) serves the LLM to
+# every call. It is built from the llama.cpp tree inside the same llama-cpp-python sdist,
+# once (~7 minutes on 2 cores), into a cache beside the wheel's; no web UI, no downloads.
+BIN_CACHE ?= $(HOME)/.cache/cadence/bin
+LLAMA_SERVER := $(BIN_CACHE)/llama-server-$(LLAMA_CPP_VERSION)
+LLAMA_SERVER_CMAKE_ARGS := $(LLAMA_CMAKE_ARGS) -DCMAKE_BUILD_TYPE=Release -DBUILD_SHARED_LIBS=OFF \
+  -DLLAMA_BUILD_SERVER=ON -DLLAMA_BUILD_TESTS=OFF -DLLAMA_BUILD_EXAMPLES=OFF -DLLAMA_BUILD_UI=OFF \
+  -DLLAMA_USE_PREBUILT_UI=OFF -DLLAMA_OPENSSL=OFF -DLLAMA_CURL=OFF
+DEBIAN_PACKAGES := espeak-ng flite sqlite3 chromium fonts-liberation cmake g++
 
 # The browser test's driver: playwright-core, pinned in package-lock.json. It drives Debian's
 # chromium and downloads no browser of its own.
 BROWSER_HARNESS := tests/browser
 BROWSER_STAMP := $(BROWSER_HARNESS)/node_modules/.cadence-installed
 
-.PHONY: run test setup deps clean gpu-check
+.PHONY: run test setup deps clean gpu-check llama-server
 
 run: setup
 	$(BIN)/cadence serve --config configs/default.yaml
@@ -27,7 +35,20 @@ run: setup
 test: setup
 	$(BIN)/python -m pytest -q
 
-setup: deps $(STAMP) $(BROWSER_STAMP)
+setup: deps $(STAMP) $(LLAMA_SERVER) $(BROWSER_STAMP)
+
+llama-server: $(LLAMA_SERVER)
+
+$(LLAMA_SERVER): | $(STAMP)
+	@echo "building llama-server $(LLAMA_CPP_VERSION) once (about 7 minutes on 2 cores)"
+	rm -rf $(BIN_CACHE)/build && mkdir -p $(BIN_CACHE)/build
+	$(BIN)/pip download -q --no-deps --no-binary :all: -d $(BIN_CACHE)/build llama-cpp-python==$(LLAMA_CPP_VERSION)
+	tar xzf $(BIN_CACHE)/build/llama_cpp_python-$(LLAMA_CPP_VERSION).tar.gz -C $(BIN_CACHE)/build
+	cd $(BIN_CACHE)/build/llama_cpp_python-$(LLAMA_CPP_VERSION)/vendor/llama.cpp && \
+	  cmake -S . -B build $(LLAMA_SERVER_CMAKE_ARGS) >/dev/null && \
+	  cmake --build build --target llama-server -j$$(nproc) >/dev/null
+	cp $(BIN_CACHE)/build/llama_cpp_python-$(LLAMA_CPP_VERSION)/vendor/llama.cpp/build/bin/llama-server $@.tmp
+	mv $@.tmp $@ && rm -rf $(BIN_CACHE)/build
 
 # GPU hosts only (never CI): the SNAC decoder's streaming, batching and real-time streams on
 # CUDA, eager then compiled, as one JSON object each. Needs a CUDA build of torch 2.13.

@@ -26,10 +26,11 @@ from agent.http_util import bounded_body, error_response
 from agent.events import TurnEvents
 from agent.knowledge_wiring import Knowledge
 from agent.metrics import CadenceMetrics
+from agent.model_plane import ModelPlane, model_plane_for
 from agent.store import CallStore
 from agent.transports.twilio import CLOSE_TRY_LATER, handle_twilio_call
 from agent.transports.webrtc import WebRTCCalls
-from models import registry
+from agent import engine_factory as registry
 from pipelines.voice import Engines
 
 log = logging.getLogger(__name__)
@@ -47,7 +48,9 @@ def create_app(config: CadenceConfig, *, engines: Engines | None = None, engines
     """`engines` may be passed in already loaded (tests share one set across apps).
     A bad agent file raises ConfigError here, naming the file and the field: startup stops."""
     agent_files = load_agent_files(config)
-    engines = engines or registry.build_engines(config)
+    owns_engines = engines is None  # engines passed in belong to the caller (tests share them)
+    plane = model_plane_for(config) if owns_engines else ModelPlane()
+    engines = engines or registry.build_engines(config, plane.endpoints)
     metrics = CadenceMetrics()
     store = CallStore(config.store.path)
     agents = AgentRegistry(config, store, agent_files)
@@ -60,11 +63,13 @@ def create_app(config: CadenceConfig, *, engines: Engines | None = None, engines
     readiness = Readiness()
     for name, engine in (("asr", engines.asr), ("llm", engines.llm), ("tts", engines.tts),
                          ("embedder", engines.embedder)):
-        if hasattr(engine, "queue_depth"):
+        if engine is not None:
             metrics.track_queue_depth(name, lambda e=engine: e.queue_depth)
 
     async def load_models() -> None:
         try:
+            if plane.supervisor is not None:
+                await plane.supervisor.start()  # the workers this server runs, each ready
             if not engines_loaded:
                 await asyncio.to_thread(registry.load_and_warm, engines)
             # File agents' documents: ingested once (unchanged files are skipped), before calls.
@@ -90,10 +95,15 @@ def create_app(config: CadenceConfig, *, engines: Engines | None = None, engines
             await manager.shutdown()
             await knowledge.close()
             await store.close()
+            if owns_engines:
+                await registry.close_engines(engines)
+            if plane.supervisor is not None:
+                await plane.supervisor.stop()
 
     app = FastAPI(title="Cadence", lifespan=lifespan)
     app.state.manager, app.state.metrics, app.state.store, app.state.events = manager, metrics, store, events
     app.state.agents, app.state.knowledge, app.state.readiness = agents, knowledge, readiness
+    app.state.model_plane, app.state.engines = plane, engines
 
     @app.get("/healthz")
     async def healthz() -> dict:
@@ -101,10 +111,26 @@ def create_app(config: CadenceConfig, *, engines: Engines | None = None, engines
 
     @app.get("/readyz")
     async def readyz() -> JSONResponse:
+        if manager.draining:  # the load balancer stops sending calls here
+            return JSONResponse({"status": "draining", "calls_active": manager.active_count}, status_code=503)
         if readiness.ready.is_set():
             return JSONResponse({"status": "ready", "calls_active": manager.active_count})
         status = "failed" if readiness.error else "loading"
         return JSONResponse({"status": status, "error": readiness.error}, status_code=503)
+
+    @app.post("/api/drain")
+    async def drain(request: Request) -> JSONResponse:
+        """Before a stop (Kubernetes' preStop runs `cadence drain`): refuse new calls, keep
+        the live ones. Only from this machine: anyone else could take the server out of service."""
+        if not _from_loopback(request):
+            return error_response(403, "drain is accepted only from the server's own machine")
+        manager.drain()
+        log.info("draining: %d calls in progress, no new ones", manager.active_count)
+        return JSONResponse({"draining": True, "calls_active": manager.active_count})
+
+    @app.get("/api/drain")
+    async def drain_status() -> JSONResponse:
+        return JSONResponse({"draining": manager.draining, "calls_active": manager.active_count})
 
     @app.post("/api/offer")
     async def offer(request: Request, agent: str | None = None) -> JSONResponse:
@@ -175,3 +201,8 @@ def create_app(config: CadenceConfig, *, engines: Engines | None = None, engines
                                         page=FRONTEND_DIR / "dashboard.html"))
     app.mount("/static", StaticFiles(directory=FRONTEND_DIR), name="static")
     return app
+
+
+def _from_loopback(request: Request) -> bool:
+    host = request.client.host if request.client else ""
+    return host in ("127.0.0.1", "::1", "localhost") or host.startswith("127.")

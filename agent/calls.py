@@ -73,6 +73,7 @@ class CallManager:
         self._events = events  # closed turns are published here for live dashboards
         self._active: dict[str, ActiveCall] = {}
         self._tasks: set[asyncio.Task] = set()
+        self.draining = False  # set by drain(): refuse new calls, let the live ones finish
 
     @property
     def active_count(self) -> int:
@@ -88,10 +89,16 @@ class CallManager:
 
     @property
     def full(self) -> bool:
-        return len(self._active) >= self._config.server.max_concurrent_calls
+        return self.draining or len(self._active) >= self._config.server.max_concurrent_calls
+
+    def drain(self) -> None:
+        """No new calls from now on; the calls in progress finish as they would."""
+        self.draining = True
 
     @property
     def full_message(self) -> str:
+        if self.draining:
+            return "server is draining before it stops; call again (another replica answers)"
         return f"server is at its limit of {self._config.server.max_concurrent_calls} concurrent calls; retry later"
 
     def refuse(self, transport: str) -> None:

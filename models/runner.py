@@ -14,7 +14,7 @@ from collections.abc import AsyncIterator, Callable, Iterator
 from concurrent.futures import ThreadPoolExecutor
 from typing import TypeVar
 
-from agent.errors import CapacityError
+from models.errors import CapacityError
 
 T = TypeVar("T")
 
@@ -27,6 +27,7 @@ class ModelRunner:
         self._max_waiting = max_waiting
         self._executor = ThreadPoolExecutor(max_workers=1, thread_name_prefix=f"model-{name}")
         self._in_flight = 0  # queued + running; read by metrics
+        self._batches_run = 0
 
     @property
     def depth(self) -> int:
@@ -37,12 +38,29 @@ class ModelRunner:
             raise CapacityError(f"{self.name} engine has {self._in_flight} requests waiting; retry later")
         self._in_flight += 1
 
+    def _release_when_done(self, job: asyncio.Future) -> None:
+        # The slot is the thread's, not the awaiting task's: a caller cancelled while the model
+        # still runs (speculative ASR does this all the time) must not let a new request in
+        # beside it, nor make the queue depth read lower than the work the thread has.
+        job.add_done_callback(self._release)
+
+    def _release(self, job: asyncio.Future) -> None:
+        if not job.cancelled():
+            job.exception()  # retrieved: a failure nobody awaits any more is not logged as lost
+        self._in_flight -= 1
+        self._batches_run += 1
+
+    @property
+    def batch_size(self) -> int | None:
+        """One request at a time: a batch of 1 once any has run."""
+        return 1 if self._batches_run else None
+
     async def run(self, fn: Callable[[], T]) -> T:
         self._admit()
-        try:
-            return await asyncio.get_running_loop().run_in_executor(self._executor, fn)
-        finally:
-            self._in_flight -= 1
+        job = asyncio.get_running_loop().run_in_executor(self._executor, fn)
+        self._release_when_done(job)
+        # Shielded: cancelling the awaiting task must not mark the job done while it runs.
+        return await asyncio.shield(job)
 
     async def stream(self, make_iterator: Callable[[threading.Event], Iterator[T]], *, buffer: int = 64) -> AsyncIterator[T]:
         """Runs a blocking generator on the model thread and yields its items here.
@@ -83,6 +101,7 @@ class ModelRunner:
                 put(_DONE)
 
         job = loop.run_in_executor(self._executor, produce)
+        self._release_when_done(job)
         try:
             while True:
                 item = await queue.get()
@@ -93,7 +112,6 @@ class ModelRunner:
                 yield item  # type: ignore[misc]
         finally:
             stop.set()
-            self._in_flight -= 1
             # Wait for the thread to notice, so the next request never overlaps this one.
             await asyncio.shield(job)
 

@@ -17,10 +17,14 @@ from pipecat.processors.frame_processor import FrameDirection
 from pipecat.services.llm_service import LLMService
 from pipecat.services.settings import LLMSettings
 
-from agent.errors import CadenceError
+from models.errors import CadenceError
 from models.base import ChatMessage, LLMEngine, Sampling
 from pipelines.knowledge_context import Passage, reference_message
 from pipelines.reply import shaped_reply
+
+
+# Said when the LLM cannot answer for a moment (its worker restarts, or every slot is busy).
+FALLBACK_REPLY = "Sorry, I lost my train of thought. Could you say that again?"
 
 
 def prompt_window(messages: list[ChatMessage], max_history: int) -> list[ChatMessage]:
@@ -66,6 +70,7 @@ class EngineLLMService(LLMService):
         self._max_reply_sentences = max_reply_sentences
         self._on_redacted = on_redacted
         self._warm_task: asyncio.Task | None = None
+        self._spoke = False  # this turn's reply has produced text
 
     def can_generate_metrics(self) -> bool:
         return True
@@ -77,10 +82,15 @@ class EngineLLMService(LLMService):
             return
         await self.push_frame(LLMFullResponseStartFrame())
         await self.start_processing_metrics()
+        self._spoke = False
         try:
             await self._generate(frame.context, getattr(frame, "passages", ()))
         except CadenceError as exc:
             await self.push_error(error_msg=f"LLM unavailable: {exc}", exception=exc)
+            if exc.retryable and not self._spoke:
+                # The LLM worker is restarting or full: the caller hears why nothing came,
+                # and asks again once it is back, instead of waiting on silence.
+                await self._push_llm_text(FALLBACK_REPLY)
         finally:
             await self.stop_processing_metrics()
             await self.push_frame(LLMFullResponseEndFrame())
@@ -97,6 +107,7 @@ class EngineLLMService(LLMService):
             async for piece in pieces:
                 await self.stop_ttfb_metrics()
                 reply.append(piece)
+                self._spoke = True
                 await self._push_llm_text(piece)
         finally:
             await pieces.aclose()

@@ -31,7 +31,7 @@ from pipecat.services.settings import STTSettings
 from pipecat.services.stt_service import SegmentedSTTService
 from pipecat.utils.time import time_now_iso8601
 
-from agent.errors import CadenceError
+from models.errors import CadenceError
 from models.base import ASREngine, Transcript
 from models.hallucination import MAX_COMPRESSION_RATIO, compression_ratio
 from pipelines.retrieval import SpeculativeTranscriptFrame

@@ -18,7 +18,7 @@ from pipecat.frames.frames import ErrorFrame, Frame, SystemFrame
 from pipecat.services.settings import TTSSettings
 from pipecat.services.tts_service import TTSService
 
-from agent.errors import CadenceError
+from models.errors import CadenceError
 from models.base import TTSEngine
 from pipelines.speakable import speakable
 from pipelines.text_chunking import FirstPhraseAggregator

@@ -15,7 +15,7 @@ import pytest
 from agent.app import create_app
 from agent.config import CadenceConfig, StoreConfig, load_config
 from agent.serve import cadence_server
-from models import registry
+from agent import engine_factory as registry
 from pipelines.voice import Engines
 
 REPO_ROOT = Path(__file__).resolve().parent.parent
@@ -43,9 +43,10 @@ class RunningServer:
 
 
 @contextmanager
-def running_server(config: CadenceConfig, engines: Engines) -> Iterator[RunningServer]:
-    """Serves the real app with uvicorn on a free loopback port in a thread of its own."""
-    app = create_app(config, engines=engines, engines_loaded=True)
+def running_server(config: CadenceConfig, engines: Engines | None, *, ready_timeout_s: float = 60) -> Iterator[RunningServer]:
+    """Serves the real app with uvicorn on a free loopback port in a thread of its own.
+    `engines` None: the app builds its own from the config, starting its deployment's workers."""
+    app = create_app(config, engines=engines, engines_loaded=engines is not None)
     sock = socket.socket(socket.AF_INET, socket.SOCK_STREAM)
     sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
     sock.bind(("127.0.0.1", 0))
@@ -53,7 +54,7 @@ def running_server(config: CadenceConfig, engines: Engines) -> Iterator[RunningS
     server = cadence_server(app, config, log_level="warning", lifespan="on")
     thread = threading.Thread(target=server.run, kwargs={"sockets": [sock]}, daemon=True)
     thread.start()
-    deadline = time.monotonic() + 60
+    deadline = time.monotonic() + ready_timeout_s
     # Ready, not just listening: the agents' shipped documents are ingested before calls.
     while not (server.started and app.state.readiness.ready.is_set()):
         if time.monotonic() > deadline or not thread.is_alive() or app.state.readiness.error:

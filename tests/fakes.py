@@ -9,7 +9,7 @@ from collections.abc import AsyncIterator, Sequence
 
 import numpy as np
 
-from agent.errors import CapacityError
+from agent.errors import CapacityError, WorkerUnavailableError
 from models.base import ASREngine, ChatMessage, EmbeddingEngine, LLMEngine, Sampling, Transcript, TTSEngine
 
 
@@ -29,8 +29,10 @@ class ScriptedASR(ASREngine):
 
 
 class ScriptedLLM(LLMEngine):
-    def __init__(self, pieces: Sequence[str], *, delay_s: float = 0.0, refuse: bool = False) -> None:
+    def __init__(self, pieces: Sequence[str], *, delay_s: float = 0.0, refuse: bool = False,
+                 fail_after: int | None = None) -> None:
         self.pieces = list(pieces)
+        self.fail_after = fail_after  # pieces sent before the "worker" dies mid-reply
         self.delay_s = delay_s
         self.refuse = refuse
         self.prompts: list[list[ChatMessage]] = []
@@ -50,6 +52,8 @@ class ScriptedLLM(LLMEngine):
         sent = 0
         try:
             for piece in self.pieces[:max_tokens]:
+                if sent == self.fail_after:
+                    raise WorkerUnavailableError("LLM server at http://127.0.0.1:1 failed mid-request")
                 await asyncio.sleep(self.delay_s)
                 yield piece
                 sent += 1

@@ -20,13 +20,45 @@ async def test_requests_beyond_the_bound_are_refused_not_queued():
     release = threading.Event()
     first = asyncio.ensure_future(runner.run(lambda: release.wait(5)))
     second = asyncio.ensure_future(runner.run(lambda: None))
-    await asyncio.sleep(0.05)
+    await asyncio.sleep(0)  # both tasks take their slot before their first await
     with pytest.raises(CapacityError, match="2 requests waiting"):
         await runner.run(lambda: None)
     release.set()
     await asyncio.gather(first, second)
     assert runner.depth == 0
     runner.shutdown()
+
+
+async def test_a_cancelled_request_keeps_its_slot_until_the_model_thread_finishes():
+    runner = ModelRunner("t", max_waiting=1)
+    started, release = threading.Event(), threading.Event()
+
+    def work():
+        started.set()
+        release.wait(5)
+
+    request = asyncio.ensure_future(runner.run(work))
+    await asyncio.get_running_loop().run_in_executor(None, started.wait, 5)
+    request.cancel()
+    with pytest.raises(asyncio.CancelledError):
+        await request
+    assert runner.depth == 1  # the thread still works on it
+    with pytest.raises(CapacityError):
+        await runner.run(lambda: None)
+    release.set()
+    assert await _eventually_admitted(runner) == "free"
+    assert runner.depth == 0
+    runner.shutdown()
+
+
+async def _eventually_admitted(runner: ModelRunner) -> str:
+    # The slot comes back on the loop once the thread's future completes; poll by yielding
+    # to the loop (no wall-clock sleep), bounded so a leak fails instead of hanging.
+    for _ in range(10_000):
+        if runner.depth == 0:
+            return await runner.run(lambda: "free")
+        await asyncio.sleep(0)
+    raise AssertionError(f"slot never came back: depth {runner.depth}")
 
 
 async def test_closing_a_stream_early_stops_the_producer_and_frees_the_slot():

@@ -8,11 +8,11 @@ from collections.abc import AsyncIterator, Callable
 import numpy as np
 import soxr
 
-from agent.config import OrpheusConfig
-from agent.errors import CadenceError, ConfigError
+from models.errors import CadenceError, ConfigError
 from models.base import TTSEngine
 from models.orpheus.decode_service import DecodeServiceConfig
 from models.orpheus.engine import OrpheusTTSEngine
+from models.orpheus.options import OrpheusOptions
 from models.orpheus.prompt import EMOTION_TAGS
 from models.orpheus.snac_decoder import load_snac
 from models.orpheus.token_source import OpenAICompletionsTokenSource, OrpheusSampling
@@ -40,7 +40,7 @@ def hub_tokenizer(name: str) -> tuple[Callable[[str], list[int]], Callable[[list
     return (lambda text: tokenizer(text).input_ids), (lambda ids: tokenizer.decode(ids))
 
 
-def build_orpheus(config: OrpheusConfig, *, fallback: TTSEngine | None = None) -> TTSEngine:
+def build_orpheus(config: OrpheusOptions, *, fallback: TTSEngine | None = None) -> TTSEngine:
     tokenize, decode = (byte_tokenizer, byte_detokenizer) if config.tokenizer == "bytes" \
         else hub_tokenizer(config.tokenizer)
     if config.token_source == "in-process":

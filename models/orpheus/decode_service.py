@@ -31,7 +31,7 @@ from dataclasses import dataclass, field
 import numpy as np
 import torch
 
-from agent.errors import CapacityError
+from models.errors import CapacityError
 from models.orpheus.snac_decoder import LATENT_STEPS_PER_FRAME, SnacDecoder
 from models.orpheus.snac_stream import SnacStreamer, StreamState
 

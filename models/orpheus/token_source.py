@@ -22,7 +22,7 @@ from dataclasses import dataclass
 
 import httpx
 
-from agent.errors import CadenceError
+from models.errors import CadenceError
 from models.orpheus.tokens import END_OF_SPEECH
 
 CUSTOM_TOKEN_BASE = 128256  # <custom_token_0>

@@ -1,0 +1,115 @@
+"""Builds the engines a config names: in-process ones from its sections, or clients of the
+workers its deployment places (see agent/model_plane.py). Engines are imported lazily: a
+deployment that uses a remote LLM never imports llama.cpp, and a GPL voice is only
+imported if chosen."""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+from collections.abc import Mapping
+from dataclasses import replace
+
+from agent.config import CadenceConfig
+from agent.errors import ConfigError
+from agent.model_plane import Endpoint
+from models.base import ASREngine, EmbeddingEngine, LLMEngine, TTSEngine
+from pipelines.voice import Engines
+
+log = logging.getLogger(__name__)
+
+# Deployment engines that serve Orpheus as an OpenAI-compatible completions server.
+ORPHEUS_TOKEN_SERVERS = ("vllm", "trtllm-serve", "llama-server")
+
+
+def build_asr(config: CadenceConfig, endpoint: Endpoint | None = None) -> ASREngine:
+    if endpoint is not None:
+        from models.remote import RemoteASREngine
+
+        return RemoteASREngine(endpoint.url)
+    if config.asr.engine == "faster-whisper":
+        from models.whisper_asr import WhisperASREngine
+
+        return WhisperASREngine(config.asr)
+    raise ConfigError(f"asr.engine {config.asr.engine!r} is unknown; known: faster-whisper")
+
+
+def build_llm(config: CadenceConfig, endpoint: Endpoint | None = None) -> LLMEngine:
+    if endpoint is not None:
+        from models.openai_chat import OpenAIChatLLMEngine, OpenAIChatOptions
+
+        dialect = endpoint.engine if endpoint.engine in ("llama-server", "vllm", "trtllm-serve") else "openai"
+        return OpenAIChatLLMEngine(OpenAIChatOptions(
+            base_url=endpoint.url, model=endpoint.model or "default", dialect=dialect,
+            default_sampling=config.llm.default_sampling))
+    if config.llm.engine == "llama-cpp":
+        from models.llama_cpp_llm import LlamaCppLLMEngine
+
+        return LlamaCppLLMEngine(config.llm)
+    raise ConfigError(f"llm.engine {config.llm.engine!r} is unknown; known: llama-cpp")
+
+
+def build_tts(config: CadenceConfig, endpoint: Endpoint | None = None) -> TTSEngine:
+    if endpoint is not None and endpoint.engine in ORPHEUS_TOKEN_SERVERS:
+        # Orpheus' audio tokens come from that server; SNAC decodes them here, batched
+        # across calls by the decode service.
+        return _orpheus(config, token_source=f"{endpoint.url}/v1", model=endpoint.model)
+    if endpoint is not None:
+        from models.remote import RemoteTTSEngine
+
+        return RemoteTTSEngine(endpoint.url)
+    if config.tts.engine == "piper":
+        from models.piper_tts import PiperTTSEngine
+
+        return PiperTTSEngine(config.tts)
+    if config.tts.engine == "orpheus":
+        return _orpheus(config)
+    raise ConfigError(f"tts.engine {config.tts.engine!r} is unknown; known: piper, orpheus")
+
+
+def _orpheus(config: CadenceConfig, *, token_source: str | None = None, model: str | None = None) -> TTSEngine:
+    from models.orpheus.build import build_orpheus
+
+    options = config.tts.orpheus
+    if token_source is not None:
+        options = replace(options, token_source=token_source, model=model or options.model)
+    fallback = None
+    if options.fallback_to_piper:
+        from models.piper_tts import PiperTTSEngine
+
+        fallback = PiperTTSEngine(config.tts)
+    return build_orpheus(options, fallback=fallback)
+
+
+def build_embedder(config: CadenceConfig, endpoint: Endpoint | None = None) -> EmbeddingEngine:
+    if endpoint is not None:
+        from models.remote import RemoteEmbeddingEngine
+
+        return RemoteEmbeddingEngine(endpoint.url)
+    from models.embedding import build_embedder as build
+
+    return build(config.knowledge.embedding)
+
+
+def build_engines(config: CadenceConfig, endpoints: Mapping[str, Endpoint] | None = None) -> Engines:
+    """`endpoints`: role -> the worker serving it; roles not in it run in-process."""
+    at = (endpoints or {}).get
+    return Engines(asr=build_asr(config, at("asr")), llm=build_llm(config, at("llm")),
+                   tts=build_tts(config, at("tts")), embedder=build_embedder(config, at("embedder")))
+
+
+async def close_engines(engines: Engines, *, timeout_s: float = 10.0) -> None:
+    """Closes every engine (threads, clients, worker connections); one that fails or hangs is
+    logged and does not keep the others open."""
+    for engine in engines.all():
+        try:
+            await asyncio.wait_for(engine.close(), timeout_s)
+        except Exception:
+            log.exception("closing %s failed", type(engine).__name__)
+
+
+def load_and_warm(engines: Engines) -> None:
+    """Blocking: loads every engine and runs one tiny inference on each."""
+    for engine in engines.all():
+        engine.load()
+        engine.warm_up()

@@ -1,0 +1,35 @@
+"""The exceptions every layer may raise, at the bottom so that `models/` (and a worker
+process that imports only `models/`) needs nothing above it.
+
+    CadenceError                 base; `retryable` says whether the same request may succeed later
+    ├── ConfigError              the configuration is invalid; fix the YAML or the flags
+    ├── ModelAssetError          weights missing or corrupt (sha256 mismatch); reinstall the package
+    ├── CapacityError            a limit is reached (calls, engine queue, a full worker); retry later (retryable)
+    └── WorkerUnavailableError   a model worker cannot be reached or went away mid-request (retryable)
+
+`agent/errors.py` adds the errors only the agent server raises (not found, conflicts, bad
+input) under the same base. Messages say what went wrong and what to do, and never carry
+secrets or transcripts.
+"""
+
+from __future__ import annotations
+
+
+class CadenceError(Exception):
+    retryable = False
+
+
+class ConfigError(CadenceError):
+    pass
+
+
+class ModelAssetError(CadenceError):
+    pass
+
+
+class CapacityError(CadenceError):
+    retryable = True
+
+
+class WorkerUnavailableError(CadenceError):
+    retryable = True

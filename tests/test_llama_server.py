@@ -1,0 +1,84 @@
+"""llama.cpp's own server as the LLM worker: started by the supervisor from a deployment,
+serving several calls' replies at once, and coming back after it is killed mid-reply."""
+
+import asyncio
+import os
+import signal
+import time
+
+import pytest
+
+from agent.model_plane import free_port_run
+from models.assets import resolve_local
+from models.base import Sampling
+from models.errors import WorkerUnavailableError
+from models.openai_chat import OpenAIChatLLMEngine, OpenAIChatOptions
+from workers.binaries import find_binary
+from workers.deployment import parse_deployment
+from workers.placement import plan
+from workers.supervisor import SupervisorOptions, WorkerSupervisor
+
+pytestmark = pytest.mark.slow
+
+SLOTS = 3
+
+
+def _deployment(source: str):
+    return parse_deployment({"name": "llm-only", "workers": {"llm": {
+        "engine": "llama-server", "run": "process", "model": "package:smollm2-135m-instruct",
+        "device": "cpu", "threads": 2, "max_streams": SLOTS, "context_tokens_per_stream": 1024}}}, source)
+
+
+@pytest.fixture
+async def llm_worker(tmp_path):
+    assert find_binary("llama-server"), "llama-server is not built: run `make llama-server`"
+    placed = plan(_deployment(str(tmp_path / "d.yaml")), (), find_binary=find_binary, resolve_model=resolve_local,
+                  base_port=free_port_run(2))
+    supervisor = WorkerSupervisor(placed.launches, log_dir=tmp_path / "logs",
+                                  options=SupervisorOptions(ready_timeout_s=60, backoff_initial_s=0.2))
+    await supervisor.start()
+    engine = OpenAIChatLLMEngine(OpenAIChatOptions(base_url=placed.launches[0].base_url,
+                                                   default_sampling=Sampling(temperature=0.0)))
+    try:
+        yield supervisor, engine
+    finally:
+        await engine.close()
+        await supervisor.stop()
+
+
+async def _timed_reply(engine, question: str, start: float) -> list[float]:
+    messages = [{"role": "system", "content": "Answer in one long sentence."}, {"role": "user", "content": question}]
+    return [time.perf_counter() - start async for _ in engine.stream_chat(messages, max_tokens=32)]
+
+
+async def test_several_slots_generate_side_by_side(llm_worker):
+    _, engine = llm_worker
+    start = time.perf_counter()
+    questions = ["What is the capital of France?", "Name three fruits.", "Why is the sky blue?"]
+    stamps = await asyncio.gather(*(_timed_reply(engine, q, start) for q in questions))
+    assert all(len(s) >= 4 for s in stamps), [len(s) for s in stamps]
+    # Continuous batching: every reply's first piece comes before every other reply's last,
+    # which one-at-a-time generation cannot do for three replies.
+    assert max(s[0] for s in stamps) < min(s[-1] for s in stamps), stamps
+    assert engine.batch_size is not None and engine.batch_size >= 2
+
+
+async def test_a_killed_worker_fails_its_reply_fast_and_is_back_soon(llm_worker):
+    supervisor, engine = llm_worker
+    worker = supervisor.workers[0]
+    messages = [{"role": "user", "content": "Tell me a long story about a lighthouse keeper."}]
+    reply = engine.stream_chat(messages, max_tokens=200, sampling=Sampling(temperature=0.7))
+    await reply.__anext__()
+    os.kill(worker.process.pid, signal.SIGKILL)
+    killed_at = time.perf_counter()
+    with pytest.raises(WorkerUnavailableError, match="LLM server at"):
+        async for _ in reply:
+            pass
+    assert time.perf_counter() - killed_at < 2.0
+    with pytest.raises(WorkerUnavailableError):  # while it is down: refused at once, not a hang
+        await asyncio.wait_for(_timed_reply(engine, "hi", time.perf_counter()), 2.0)
+    deadline = time.perf_counter() + 30
+    while not (worker.ready and worker.restarts == 1):
+        assert time.perf_counter() < deadline, "the worker did not come back within 30 s"
+        await asyncio.sleep(0.1)
+    assert await _timed_reply(engine, "What is two plus two?", time.perf_counter())

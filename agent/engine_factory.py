@@ -85,7 +85,7 @@ def build_embedder(config: CadenceConfig, endpoint: Endpoint | None = None) -> E
     if endpoint is not None:
         from models.remote import RemoteEmbeddingEngine
 
-        return RemoteEmbeddingEngine(endpoint.url)
+        return RemoteEmbeddingEngine(endpoint.url, config.knowledge.dimensions)
     from models.embedding import build_embedder as build
 
     return build(config.knowledge.embedding)

@@ -52,6 +52,27 @@ async def test_a_call_is_answered_by_the_llm_worker_the_server_started(plane_con
         os.kill(llm_pid, 0)
 
 
+async def test_a_call_runs_through_every_model_in_a_worker_process(plane_config):
+    config = replace(plane_config, deployment=str(REPO_ROOT / "configs" / "deployments" / "cpu-workers.yaml"))
+    with running_server(config, None, ready_timeout_s=240) as server:
+        workers = server.app.state.model_plane.supervisor.workers
+        assert sorted(w.launch.role for w in workers) == ["asr", "embedder", "llm", "tts"]
+        engines = server.app.state.engines
+        assert {type(e).__name__ for e in engines.all()} == {
+            "RemoteASREngine", "OpenAIChatLLMEngine", "RemoteTTSEngine", "RemoteEmbeddingEngine"}
+        result = await twilio_caller.call(f"{server.ws_url}/ws/twilio", [spoken(QUESTION)])
+        turn, = result.turns
+        assert turn.error is None and turn.first_audible_at is not None
+        assert turn.reply_audio_seconds > 0.5
+        async with httpx.AsyncClient(base_url=server.base_url) as http:
+            call_id = (await http.get("/api/calls")).json()["calls"][0]["id"]
+            assert_answered_capital_question(await wait_until_ended(http, call_id))
+        pids = [w.process.pid for w in workers]
+    for pid in pids:  # every worker stopped with the server
+        with pytest.raises(ProcessLookupError):
+            os.kill(pid, 0)
+
+
 async def test_a_call_hears_a_fallback_when_the_llm_worker_dies_and_goes_on_once_it_is_back(plane_config):
     with running_server(plane_config, None, ready_timeout_s=180) as server:
         worker = server.app.state.model_plane.supervisor.workers[0]

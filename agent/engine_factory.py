@@ -41,7 +41,7 @@ def build_llm(config: CadenceConfig, endpoint: Endpoint | None = None) -> LLMEng
         dialect = endpoint.engine if endpoint.engine in ("llama-server", "vllm", "trtllm-serve") else "openai"
         return OpenAIChatLLMEngine(OpenAIChatOptions(
             base_url=endpoint.url, model=endpoint.model or "default", dialect=dialect,
-            default_sampling=config.llm.default_sampling))
+            default_sampling=config.llm.default_sampling, use_priority=dialect == "vllm"))
     if config.llm.engine == "llama-cpp":
         from models.llama_cpp_llm import LlamaCppLLMEngine
 

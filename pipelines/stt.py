@@ -32,6 +32,7 @@ from pipecat.services.stt_service import SegmentedSTTService
 from pipecat.utils.time import time_now_iso8601
 
 from models.errors import CadenceError
+from models.scheduling import wanted_in
 from models.base import ASREngine, Transcript
 from models.hallucination import MAX_COMPRESSION_RATIO, compression_ratio
 from pipelines.retrieval import SpeculativeTranscriptFrame
@@ -70,7 +71,8 @@ class _Speculation:
 
 
 class EngineSTTService(SegmentedSTTService):
-    def __init__(self, engine: ASREngine, *, max_segment_seconds: float, clock=time.time, **kwargs) -> None:
+    def __init__(self, engine: ASREngine, *, max_segment_seconds: float, clock=time.time,
+                 speculation_lead_s: float = 0.0, **kwargs) -> None:
         super().__init__(
             sample_rate=engine.sample_rate,
             trailing_silence_secs=0.0,
@@ -81,6 +83,7 @@ class EngineSTTService(SegmentedSTTService):
         self._max_segment_bytes = int(max_segment_seconds * engine.sample_rate) * _PCM16_BYTES
         self._clock = clock
         self._last_audio_at = 0.0  # when the newest buffered audio arrived
+        self._speculation_lead_s = speculation_lead_s  # from a pause to the turn's end: VAD stop - speculation start
         self._speculation: _Speculation | None = None
         self.speculations_used = 0
         self.speculations_dropped = 0
@@ -97,7 +100,10 @@ class EngineSTTService(SegmentedSTTService):
         self._speculation = _Speculation(audio_bytes=len(audio), task=task)
 
     async def _speculate(self, audio: bytes) -> Transcript:
-        transcript = await self._engine.transcribe(audio)
+        # Wanted when the pause would end the turn: a final transcript (another call's turn
+        # that has ended) goes first if both wait for the engine.
+        with wanted_in(self._speculation_lead_s):
+            transcript = await self._engine.transcribe(audio)
         if is_plausible(transcript):
             # Retrieval starts on the guess now, so its passages are ready when the turn ends.
             await self.push_frame(SpeculativeTranscriptFrame(text=transcript.text))

@@ -14,12 +14,13 @@ import time
 from collections.abc import AsyncGenerator, Callable
 from dataclasses import dataclass
 
-from pipecat.frames.frames import ErrorFrame, Frame, SystemFrame
+from pipecat.frames.frames import ErrorFrame, Frame, SystemFrame, TTSAudioRawFrame
 from pipecat.services.settings import TTSSettings
 from pipecat.services.tts_service import TTSService
 
 from models.errors import CadenceError
 from models.base import TTSEngine
+from models.scheduling import wanted_in
 from pipelines.speakable import speakable
 from pipelines.text_chunking import FirstPhraseAggregator
 
@@ -31,6 +32,37 @@ class TTSSentenceTimingFrame(SystemFrame):
 
     text: str = ""
     ttfb_seconds: float = 0.0
+
+
+# A later sentence is wanted this long before the audio ahead of it runs out: its own
+# time to first audio on a busy engine, so the caller hears no gap.
+SENTENCE_LEAD_S = 0.5
+
+
+class ReplyPlayout:
+    """How much of a reply's audio is still queued for the caller, so a later sentence can
+    say when it is wanted (`models.scheduling`). Pure: times are passed in."""
+
+    def __init__(self) -> None:
+        self._reply: str | None = None
+        self._first_audio_at: float | None = None
+        self._audio_seconds = 0.0  # synthesised so far in this reply
+
+    def wanted_in(self, reply: str, now: float) -> float:
+        """Seconds until the sentence about to be synthesised for `reply` is needed."""
+        if reply != self._reply:
+            self._reply, self._first_audio_at, self._audio_seconds = reply, None, 0.0
+        if self._first_audio_at is None:
+            return 0.0  # the reply's first audio: wanted now
+        ahead = self._audio_seconds - (now - self._first_audio_at)
+        return max(0.0, ahead - SENTENCE_LEAD_S)
+
+    def audio(self, reply: str, seconds: float, now: float) -> None:
+        if reply != self._reply:
+            return
+        if self._first_audio_at is None:
+            self._first_audio_at = now
+        self._audio_seconds += seconds
 
 
 class EngineTTSService(TTSService):
@@ -47,6 +79,7 @@ class EngineTTSService(TTSService):
         # pipecat 1.14 has no constructor argument for the aggregator; this replaces the
         # default sentence aggregator with one that also releases a reply's first phrase early.
         self._text_aggregator = FirstPhraseAggregator()
+        self._playout = ReplyPlayout()
 
     def can_generate_metrics(self) -> bool:
         return True
@@ -60,7 +93,10 @@ class EngineTTSService(TTSService):
     async def run_tts(self, text: str, context_id: str) -> AsyncGenerator[Frame, None]:
         await self.start_tts_usage_metrics(text)
         requested = self._clock()
-        chunks = self._engine.synthesize(self.prepare_text(text))
+        # A shared engine serves the caller whose audio runs out first: this reply's first
+        # sentence now, a later one when the sentences ahead of it have nearly played.
+        with wanted_in(self._playout.wanted_in(context_id, requested), clock=self._clock):
+            chunks = self._engine.synthesize(self.prepare_text(text))
         first = True
         try:
             async for frame in self._stream_audio_frames_from_iterator(
@@ -69,6 +105,9 @@ class EngineTTSService(TTSService):
                 if first:
                     first = False
                     await self.push_frame(TTSSentenceTimingFrame(text=text, ttfb_seconds=self._clock() - requested))
+                if isinstance(frame, TTSAudioRawFrame):
+                    self._playout.audio(context_id, len(frame.audio) / (2 * frame.sample_rate * frame.num_channels),
+                                        self._clock())
                 await self.stop_ttfb_metrics()
                 yield frame
         except CadenceError as exc:

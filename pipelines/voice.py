@@ -72,7 +72,8 @@ def build_voice_call(
     enable_rtvi: bool = False,
 ) -> VoiceCall:
     """`search` finds passages in the agent's knowledge; None (or retrieval off) skips retrieval."""
-    stt = EngineSTTService(engines.asr, max_segment_seconds=config.limits.max_user_turn_seconds)
+    stt = EngineSTTService(engines.asr, max_segment_seconds=config.limits.max_user_turn_seconds,
+                           speculation_lead_s=max(0.0, agent.vad_stop_secs - agent.speculate_after_secs))
     vad = PauseAwareSileroVAD(
         params=VADParams(
             confidence=config.vad.confidence,

@@ -4,7 +4,7 @@ import time
 
 import pytest
 
-from agent.errors import CapacityError
+from models.errors import CapacityError, WorkerUnavailableError
 from models.runner import ModelRunner
 
 
@@ -120,3 +120,74 @@ async def test_cancelling_the_consumer_stops_the_producer():
         await task
     assert stopped.wait(1.0)
     runner.shutdown()
+
+
+async def test_waiting_requests_are_served_by_when_they_are_wanted_not_by_arrival():
+    from models.scheduling import WANTED_BY
+
+    runner = ModelRunner("t", clock=lambda: 100.0)
+    release, started = threading.Event(), threading.Event()
+    order = []
+
+    def blocker():
+        started.set()
+        release.wait(5)
+
+    first = asyncio.ensure_future(runner.run(blocker))
+    await asyncio.get_running_loop().run_in_executor(None, started.wait, 5)
+
+    async def wanted(at, label):
+        WANTED_BY.set(at)  # each task has its own copy of the context
+        return await runner.run(lambda: order.append(label))
+
+    later = asyncio.ensure_future(wanted(103.0, "third sentence of call A"))
+    now = asyncio.ensure_future(wanted(None, "first sentence of call B"))  # None: wanted at arrival (100)
+    soon = asyncio.ensure_future(wanted(101.0, "speculative transcript"))
+    await asyncio.sleep(0)
+    release.set()
+    await asyncio.gather(first, later, now, soon)
+    assert order == ["first sentence of call B", "speculative transcript", "third sentence of call A"]
+    runner.shutdown()
+
+
+async def test_a_request_cancelled_while_waiting_never_runs_and_frees_its_slot_at_once():
+    runner = ModelRunner("t", max_waiting=2)
+    release, started = threading.Event(), threading.Event()
+    ran = []
+
+    def blocker():
+        started.set()
+        release.wait(5)
+
+    first = asyncio.ensure_future(runner.run(blocker))
+    await asyncio.get_running_loop().run_in_executor(None, started.wait, 5)
+    waiting = asyncio.ensure_future(runner.run(lambda: ran.append("should not run")))
+    await asyncio.sleep(0)
+    assert runner.depth == 2
+    waiting.cancel()
+    with pytest.raises(asyncio.CancelledError):
+        await waiting
+    assert runner.depth == 1
+    release.set()
+    await first
+    assert await runner.run(lambda: "next") == "next" and ran == []
+    runner.shutdown()
+
+
+async def test_shutdown_fails_waiting_requests_instead_of_leaving_them_hanging():
+    runner = ModelRunner("t")
+    release, started = threading.Event(), threading.Event()
+
+    def blocker():
+        started.set()
+        release.wait(5)
+
+    first = asyncio.ensure_future(runner.run(blocker))
+    await asyncio.get_running_loop().run_in_executor(None, started.wait, 5)
+    waiting = asyncio.ensure_future(runner.run(lambda: None))
+    await asyncio.sleep(0)
+    runner.shutdown()
+    with pytest.raises(WorkerUnavailableError, match="closed"):
+        await asyncio.wait_for(waiting, 2)
+    release.set()
+    await first

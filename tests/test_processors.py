@@ -5,6 +5,7 @@ from __future__ import annotations
 import asyncio
 from dataclasses import dataclass
 
+import pytest
 from pipecat.frames.frames import (
     SystemFrame,
     ErrorFrame,
@@ -237,3 +238,16 @@ async def test_speech_after_a_pause_drops_the_speculation_and_transcribes_the_wh
     assert [f.text for f in down if isinstance(f, TranscriptionFrame)] == ["book a table for four"]
     assert stt.speculations_dropped == 1 and stt.speculations_used == 0
     assert len(engine.heard[-1]) == 45 * len(SPEECH_20MS)  # the final run saw the whole turn
+
+
+def test_a_later_sentence_is_wanted_when_the_audio_ahead_of_it_runs_low():
+    from pipelines.tts import SENTENCE_LEAD_S, ReplyPlayout
+
+    playout = ReplyPlayout()
+    assert playout.wanted_in("reply-1", now=10.0) == 0.0  # first sentence: now
+    playout.audio("reply-1", 3.0, now=10.4)  # 3 s of audio, first heard at 10.4
+    assert playout.wanted_in("reply-1", now=11.0) == pytest.approx(3.0 - 0.6 - SENTENCE_LEAD_S)
+    assert playout.wanted_in("reply-1", now=20.0) == 0.0  # it ran out: now
+    assert playout.wanted_in("reply-2", now=20.0) == 0.0  # a new reply starts over
+    playout.audio("reply-1", 5.0, now=20.1)  # audio of a reply that is over counts for nothing
+    assert playout.wanted_in("reply-2", now=20.2) == 0.0

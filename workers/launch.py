@@ -115,7 +115,9 @@ def _vllm(site: LaunchSite) -> list[str]:
     argv = ["vllm", "serve", _required_model(site), "--host", site.host, "--port", str(site.port),
             "--max-num-seqs", str(spec.max_streams), "--enable-prefix-caching",
             "--gpu-memory-utilization", _fraction(_gpu_share(site)),
-            "--max-model-len", str(spec.context_tokens_per_stream)]
+            "--max-model-len", str(spec.context_tokens_per_stream),
+            # A call's reply goes ahead of background prefix warm-ups (the client sends priority).
+            "--scheduling-policy", "priority"]
     weights, kv = spec.precision.weights, spec.precision.kv_cache
     if weights == "fp8":  # quantized at load from a bf16/fp16 checkpoint
         argv += ["--quantization", "fp8"]

@@ -31,6 +31,7 @@ def main(argv: list[str]) -> int:
     parser.add_argument("--log-dir", default="data/logs/workers", help="one log file per worker")
     args = parser.parse_args(argv)
     logging.basicConfig(level=logging.INFO, format="%(asctime)s %(levelname)s %(name)s: %(message)s")
+    logging.getLogger("httpx").setLevel(logging.WARNING)  # a line per readiness probe otherwise
     try:
         placed = plan(load_deployment(args.deployment), discover(), find_binary=find_binary,
                       resolve_model=resolve_local, base_port=args.base_port)

@@ -1,0 +1,113 @@
+"""What a model worker's process hop costs one request: the same requests in-process and
+through a worker on loopback, alternating, on an otherwise idle machine.
+
+    python -m latency_bench.hop_bench [--rounds 200] [--json]
+
+- embedder: one short query (what retrieval sends per turn), in-process ONNX against the
+  same model in `workers.serve_worker`; the difference is the hop (HTTP, JSON, base64).
+- llm: time to the first streamed piece of a short reply, in-process llama.cpp against
+  llama-server (both on the same GGUF and threads), prompt cached as in a call's turns.
+
+Prints p50/p95 of each and of the difference, in milliseconds.
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import json
+import statistics
+import tempfile
+import time
+from pathlib import Path
+
+from agent.model_plane import free_port_run
+from models.assets import resolve_local
+from models.base import Sampling
+from models.embedding import EmbeddingOptions, build_embedder
+from models.llama_cpp_llm import LlamaCppLLMEngine, LlamaCppOptions
+from models.openai_chat import OpenAIChatLLMEngine, OpenAIChatOptions
+from models.remote import RemoteEmbeddingEngine
+from workers.binaries import find_binary
+from workers.deployment import parse_deployment
+from workers.placement import plan
+from workers.supervisor import WorkerSupervisor
+
+QUERY = "What time does the clinic open on Saturdays?"
+MESSAGES = [{"role": "system", "content": "You answer questions for callers to a clinic."},
+            {"role": "user", "content": QUERY}]
+
+
+def percentiles(samples: list[float]) -> dict[str, float]:
+    ordered = sorted(samples)
+    return {"p50": round(statistics.median(ordered), 2),
+            "p95": round(ordered[min(len(ordered) - 1, int(0.95 * len(ordered)))], 2), "n": len(ordered)}
+
+
+async def _first_piece_ms(engine, max_tokens: int = 4) -> float:
+    start = time.perf_counter()
+    stream = engine.stream_chat(MESSAGES, max_tokens=max_tokens, sampling=Sampling(temperature=0.0))
+    try:
+        await stream.__anext__()
+        return (time.perf_counter() - start) * 1000
+    finally:
+        await stream.aclose()
+
+
+async def measure(rounds: int) -> dict:
+    deployment = parse_deployment({"name": "hop-bench", "workers": {
+        "embedder": {"engine": "minilm-onnx", "run": "process", "model": "package:all-minilm-l6-v2-int8",
+                     "threads": 1, "max_streams": 4},
+        "llm": {"engine": "llama-server", "run": "process", "model": "package:smollm2-135m-instruct",
+                "threads": 2, "max_streams": 1, "context_tokens_per_stream": 2048}}}, "hop-bench")
+    placed = plan(deployment, (), find_binary=find_binary, resolve_model=resolve_local, base_port=free_port_run(4))
+    urls = {w.spec.role: w.url for w in placed.workers}
+    supervisor = WorkerSupervisor(placed.launches, log_dir=Path(tempfile.mkdtemp(prefix="hop-bench-")))
+    await supervisor.start()
+    local_embedder = build_embedder(EmbeddingOptions(threads=1))
+    remote_embedder = RemoteEmbeddingEngine(urls["embedder"], 384)
+    local_llm = LlamaCppLLMEngine(LlamaCppOptions(threads=2))
+    remote_llm = OpenAIChatLLMEngine(OpenAIChatOptions(base_url=urls["llm"]))
+    try:
+        for engine in (local_embedder, remote_embedder, local_llm, remote_llm):
+            await asyncio.to_thread(engine.load)
+            await asyncio.to_thread(engine.warm_up)
+        results: dict[str, dict[str, list[float]]] = {"embedder": {"local": [], "remote": []},
+                                                      "llm_first_piece": {"local": [], "remote": []}}
+        for _ in range(rounds):  # alternating, so drift in the machine's load hits both alike
+            for name, engine in (("local", local_embedder), ("remote", remote_embedder)):
+                start = time.perf_counter()
+                await engine.embed([QUERY])
+                results["embedder"][name].append((time.perf_counter() - start) * 1000)
+        for _ in range(max(10, rounds // 10)):
+            for name, engine in (("local", local_llm), ("remote", remote_llm)):
+                results["llm_first_piece"][name].append(await _first_piece_ms(engine))
+    finally:
+        for engine in (local_embedder, remote_embedder, local_llm, remote_llm):
+            await engine.close()
+        await supervisor.stop()
+    report = {}
+    for stage, runs in results.items():
+        hop = [r - l for l, r in zip(runs["local"], runs["remote"])]
+        report[stage] = {"in_process_ms": percentiles(runs["local"]), "worker_ms": percentiles(runs["remote"]),
+                         "hop_ms": percentiles(hop)}
+    return report
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(prog="python -m latency_bench.hop_bench", description=__doc__.split("\n\n")[0])
+    parser.add_argument("--rounds", type=int, default=200, help="embedder requests each way (LLM: a tenth)")
+    parser.add_argument("--json", action="store_true", help="print one JSON object")
+    args = parser.parse_args(argv)
+    report = asyncio.run(measure(args.rounds))
+    if args.json:
+        print(json.dumps(report))
+        return 0
+    for stage, figures in report.items():
+        for what, p in figures.items():
+            print(f"{stage:16s} {what:14s} p50 {p['p50']:8.2f} ms   p95 {p['p95']:8.2f} ms   (n={p['n']})")
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())

@@ -1,7 +1,9 @@
 """latency_bench: time to first sentence as callers hear it, under load.
 
-    python -m latency_bench run --url URL --transport twilio|webrtc --callers N --turns K [--ramp] --out DIR
+    python -m latency_bench run [--url URL] --transport twilio|webrtc --callers N --turns K [--ramp] --out DIR
     python -m latency_bench capacity [--url URL] --transport twilio [--min-turns 20] [--slo-ms 1500] --out DIR
+        without --url, `run` and `capacity` start the server themselves: [--config FILE]
+        [--deployment FILE|none] [--agent-file AGENT.yaml --agent NAME]
     python -m latency_bench compare --callers N --turns K --out DIR
     python -m latency_bench retrieval-ab --url URL [--agent NAME] [--rounds 3] --turns K --out DIR
     python -m latency_bench quality --url URL --agent NAME --out DIR [--no-spoken] [--runs 1]
@@ -51,9 +53,18 @@ def _scenario(args) -> bench.Scenario:
                           seed=args.seed, barge_in_every=args.barge_in_every, agent=args.agent)
 
 
+def _started_server(stack: contextlib.ExitStack, args, max_calls: int) -> str:
+    """The server under test: --url, or one the bench starts (and stops) itself."""
+    return args.url or stack.enter_context(servers.cadence(
+        args.out, max_calls=max_calls, config=args.config or servers.DEFAULT_CONFIG,
+        deployment=args.deployment, agent_files=tuple(args.agent_file)))
+
+
 def cmd_run(args) -> dict:
     levels = bench.ramp_levels(args.callers) if args.ramp else [args.callers]
-    results = asyncio.run(bench.run(_scenario(args), levels, progress=not args.quiet))
+    with contextlib.ExitStack() as stack:
+        scenario = replace(_scenario(args), url=_started_server(stack, args, max(levels)))
+        results = asyncio.run(bench.run(scenario, levels, progress=not args.quiet))
     report.write(args.out, results)
     return headline(results)
 
@@ -61,7 +72,7 @@ def cmd_run(args) -> dict:
 def cmd_capacity(args) -> dict:
     slo = SLO(ttfs_p95_ms=args.slo_ms)
     with contextlib.ExitStack() as stack:
-        url = args.url or stack.enter_context(servers.cadence(args.out, max_calls=args.max_callers))
+        url = _started_server(stack, args, args.max_callers)
         scenario = replace(_scenario(args), url=url)
 
         async def level(callers: int) -> dict:
@@ -136,13 +147,19 @@ def main(argv: list[str] | None = None) -> int:
         p.add_argument("--quiet", action="store_true", help="no progress bar")
         p.add_argument("--agent", help="the agent the callers ask for (default: the server's default agent)")
 
-    run_p = sub.add_parser("run", help="N callers (or a ramp up to N) against a running server")
-    common(run_p, url_required=True)
+    run_p = sub.add_parser("run", help="N callers (or a ramp up to N) against a server (--url, or one it starts)")
+    common(run_p, url_required=False)
     run_p.add_argument("--callers", type=int, default=1)
     run_p.add_argument("--ramp", action="store_true", help="levels 1, 2, 4, ... up to --callers")
     cap_p = sub.add_parser("capacity", help="largest sustained concurrency within the SLO")
     common(cap_p, url_required=False)
     cap_p.add_argument("--slo-ms", type=float, default=1500.0, help="TTFS p95 SLO (default 1500 ms, for CPU)")
+    for p in (run_p, cap_p):  # without --url the bench starts (and stops) the server itself
+        p.add_argument("--config", type=Path, help="config of the server the bench starts (default: configs/default.yaml)")
+        p.add_argument("--deployment", help="where the started server runs each model: a deployment file, "
+                                            "or none (all in-process); default: the config's")
+        p.add_argument("--agent-file", action="append", default=[], type=Path,
+                       help="an agent YAML to create on the started server (repeatable); ask for it with --agent")
     cap_p.add_argument("--min-turns", type=int, default=20,
                        help="turns measured per level at least (a p95 of a handful of turns is its maximum)")
     cap_p.add_argument("--start", type=int, default=1)

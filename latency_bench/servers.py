@@ -70,10 +70,15 @@ def _stop(process: subprocess.Popen) -> None:
 
 
 @contextlib.contextmanager
-def cadence(out: Path, *, max_calls: int, config: Path = DEFAULT_CONFIG) -> Iterator[str]:
-    """Cadence's own server on `config`, admitting `max_calls` calls, with a store in `out`."""
+def cadence(out: Path, *, max_calls: int, config: Path = DEFAULT_CONFIG, deployment: str | None = None,
+            agent_files: tuple[Path, ...] = ()) -> Iterator[str]:
+    """Cadence's own server on `config`, admitting `max_calls` calls, with a store in `out`.
+    `deployment`: a deployment file, or "none" for every model in-process (None: the config's).
+    `agent_files`: agents created through the API once it is ready (the bench's own agents)."""
     out.mkdir(parents=True, exist_ok=True)
     data = yaml.safe_load(config.read_text()) or {}
+    if deployment is not None:
+        data["deployment"] = None if deployment == "none" else deployment
     data.setdefault("server", {})["max_concurrent_calls"] = max_calls
     data.setdefault("store", {})["path"] = str(out / "cadence-bench.sqlite3")
     bench_config = out / "cadence-bench.yaml"
@@ -82,6 +87,11 @@ def cadence(out: Path, *, max_calls: int, config: Path = DEFAULT_CONFIG) -> Iter
     with child([sys.executable, "-m", "agent.cli", "serve", "--config", str(bench_config), "--host", "127.0.0.1",
                 "--port", str(port), "--log-level", "warning"], out / "cadence.log",
                f"http://127.0.0.1:{port}/readyz"):
+        for agent_file in agent_files:
+            spec = yaml.safe_load(Path(agent_file).read_text())
+            created = httpx.post(f"http://127.0.0.1:{port}/api/agents", json=spec, timeout=30)
+            if created.status_code != 201:
+                raise RuntimeError(f"agent {agent_file} was refused: {created.status_code} {created.text[:300]}")
         yield f"http://127.0.0.1:{port}"
 
 

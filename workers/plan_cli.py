@@ -65,7 +65,7 @@ def _worker_json(worker: PlannedWorker) -> dict[str, Any]:
         "device": placement.device if placement else None,
         "device_described": placement.described if placement else None,
         "device_memory_gb": placement.memory_gb if placement else None,
-        "planned_memory_gb": worker.planned_memory_gb,
+        "planned_memory_gb": None if worker.planned_memory_gb is None else round(worker.planned_memory_gb, 3),
         "max_streams": spec.max_streams,
         "url": worker.url,
         "env": dict(launch.env) if launch else None,

@@ -37,8 +37,9 @@ class ServerConfig:
     host: str = "127.0.0.1"
     port: int = 8000
     # Admission control: calls beyond this are refused (HTTP 503 / WebSocket close 1013) rather
-    # than degrading every call already in progress.
-    max_concurrent_calls: int = 4
+    # than degrading every call already in progress. 1: what 2 CPU cores hold within TTFS p95
+    # 1.5 s (`latency_bench capacity`); measure your machine and raise it.
+    max_concurrent_calls: int = 1
     # Largest WebSocket message accepted. A Twilio `media` event for 20 ms is ~300 bytes.
     max_ws_message_bytes: int = 16_384
     # Largest SDP offer accepted on /api/offer. Real offers are 2-6 KB.

@@ -193,7 +193,7 @@ def main(argv: list[str] | None = None) -> int:
     command = {"run": cmd_run, "capacity": cmd_capacity, "compare": cmd_compare,
                "retrieval-ab": cmd_retrieval_ab, "quality": cmd_quality}[args.command]
     try:
-        print(json.dumps(command(args), indent=2))
+        print(json.dumps(command(args), indent=2, default=str))
     except (TimeoutError, RuntimeError, ConnectionError) as exc:
         print(f"latency_bench: {exc}", file=sys.stderr)
         return 1

@@ -21,6 +21,8 @@ import tempfile
 import time
 from pathlib import Path
 
+import yaml
+
 from agent.model_plane import free_port_run
 from models.assets import resolve_local
 from models.base import Sampling
@@ -29,7 +31,7 @@ from models.llama_cpp_llm import LlamaCppLLMEngine, LlamaCppOptions
 from models.openai_chat import OpenAIChatLLMEngine, OpenAIChatOptions
 from models.remote import RemoteEmbeddingEngine
 from workers.binaries import find_binary
-from workers.deployment import parse_deployment
+from workers.deployment import load_deployment
 from workers.placement import plan
 from workers.supervisor import WorkerSupervisor
 
@@ -55,14 +57,19 @@ async def _first_piece_ms(engine, max_tokens: int = 4) -> float:
 
 
 async def measure(rounds: int) -> dict:
-    deployment = parse_deployment({"name": "hop-bench", "workers": {
+    folder = Path(tempfile.mkdtemp(prefix="hop-bench-"))
+    source = folder / "deployment.yaml"  # our own workers read their entry from the file
+    source.write_text(yaml.safe_dump({"name": "hop-bench", "workers": {
         "embedder": {"engine": "minilm-onnx", "run": "process", "model": "package:all-minilm-l6-v2-int8",
-                     "threads": 1, "max_streams": 4},
+                     # max_batch 1: a lone request runs at once, so what is measured is the hop,
+                     # not the batcher's wait for company (up to its timeout_ms under load).
+                     "threads": 1, "max_streams": 4, "batching": {"max_batch": 1, "timeout_ms": 1}},
         "llm": {"engine": "llama-server", "run": "process", "model": "package:smollm2-135m-instruct",
-                "threads": 2, "max_streams": 1, "context_tokens_per_stream": 2048}}}, "hop-bench")
+                "threads": 2, "max_streams": 1, "context_tokens_per_stream": 2048}}}))
+    deployment = load_deployment(source)
     placed = plan(deployment, (), find_binary=find_binary, resolve_model=resolve_local, base_port=free_port_run(4))
     urls = {w.spec.role: w.url for w in placed.workers}
-    supervisor = WorkerSupervisor(placed.launches, log_dir=Path(tempfile.mkdtemp(prefix="hop-bench-")))
+    supervisor = WorkerSupervisor(placed.launches, log_dir=folder)
     await supervisor.start()
     local_embedder = build_embedder(EmbeddingOptions(threads=1))
     remote_embedder = RemoteEmbeddingEngine(urls["embedder"], 384)

@@ -22,7 +22,7 @@ def write(out: Path, results: dict) -> list[Path]:
     """results.json plus plots; returns the files written."""
     out.mkdir(parents=True, exist_ok=True)
     written = [out / "results.json"]
-    written[0].write_text(json.dumps(results, indent=2))
+    written[0].write_text(json.dumps(results, indent=2, default=str))  # Paths among the arguments
     import matplotlib
 
     matplotlib.use("Agg")  # files only: no display here or on servers

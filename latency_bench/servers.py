@@ -90,7 +90,9 @@ def cadence(out: Path, *, max_calls: int, config: Path = DEFAULT_CONFIG, deploym
         for agent_file in agent_files:
             spec = yaml.safe_load(Path(agent_file).read_text())
             created = httpx.post(f"http://127.0.0.1:{port}/api/agents", json=spec, timeout=30)
-            if created.status_code != 201:
+            if created.status_code == 409:  # left in the store by an earlier run into the same folder
+                created = httpx.put(f"http://127.0.0.1:{port}/api/agents/{spec['name']}", json=spec, timeout=30)
+            if created.status_code not in (200, 201):
                 raise RuntimeError(f"agent {agent_file} was refused: {created.status_code} {created.text[:300]}")
         yield f"http://127.0.0.1:{port}"
 

@@ -20,6 +20,7 @@ from pipelines.voice import Engines
 
 REPO_ROOT = Path(__file__).resolve().parent.parent
 DEFAULT_CONFIG = REPO_ROOT / "configs" / "default.yaml"
+TEST_MAX_CALLS = 4
 
 
 @pytest.fixture(scope="session")
@@ -70,7 +71,9 @@ def running_server(config: CadenceConfig, engines: Engines | None, *, ready_time
 
 @pytest.fixture
 def server_config(default_config: CadenceConfig, tmp_path: Path) -> CadenceConfig:
-    return replace(default_config, store=StoreConfig(path=str(tmp_path / "calls.sqlite3")))
+    # Tests run a few calls at once on purpose; the shipped limit is the measured capacity (1).
+    return replace(default_config, store=StoreConfig(path=str(tmp_path / "calls.sqlite3")),
+                   server=replace(default_config.server, max_concurrent_calls=TEST_MAX_CALLS))
 
 
 @pytest.fixture

@@ -9,13 +9,12 @@ import time
 from collections.abc import Iterator
 from contextlib import contextmanager
 from dataclasses import replace
-from pathlib import Path
 
 import pytest
 from fastapi.testclient import TestClient
 
 from agent.app import create_app
-from agent.config import CadenceConfig, StoreConfig
+from agent.config import CadenceConfig
 from pipelines.voice import Engines
 from tests.fakes import HashingEmbedder, ScriptedASR, ScriptedLLM, ToneTTS
 
@@ -36,8 +35,8 @@ def serving(config: CadenceConfig, llm: ScriptedLLM | None = None) -> Iterator[t
 
 
 @pytest.fixture
-def config(default_config: CadenceConfig, tmp_path: Path) -> CadenceConfig:
-    return replace(default_config, store=StoreConfig(path=str(tmp_path / "cadence.sqlite3")))
+def config(server_config: CadenceConfig) -> CadenceConfig:
+    return server_config  # a store of its own, and room for the calls these tests admit
 
 
 @pytest.fixture

@@ -58,3 +58,22 @@ async def test_webrtc_call_gets_a_spoken_english_reply(server, embedded_engines)
     assert [c["transport"] for c in calls if c["id"] == result.call_id] == ["webrtc"]
     assert_answered_capital_question(call)
     assert 'cadence_ttfs_seconds_count{transport="webrtc"} 1.0' in metrics
+
+
+async def test_webrtc_call_through_every_model_in_a_worker_process(default_config, tmp_path):
+    from dataclasses import replace
+
+    from agent.config import StoreConfig
+    from tests.conftest import REPO_ROOT, running_server
+
+    config = replace(default_config, store=StoreConfig(path=str(tmp_path / "calls.sqlite3")),
+                     deployment=str(REPO_ROOT / "configs" / "deployments" / "cpu-workers.yaml"))
+    samples, rate = speak(QUESTION)
+    with running_server(config, None, ready_timeout_s=240) as server:
+        assert len(server.app.state.model_plane.supervisor.workers) == 4
+        result = await webrtc_caller.call(f"{server.base_url}/api/offer", [PlannedTurn.of(samples, rate, QUESTION)])
+        turn, = result.turns
+        assert turn.error is None and turn.first_audible_at is not None, "no reply audio came back"
+        assert turn.reply_audio_seconds > 0.5
+        async with httpx.AsyncClient(base_url=server.base_url) as http:
+            assert_answered_capital_question(await wait_until_ended(http, result.call_id))

@@ -15,6 +15,7 @@ from __future__ import annotations
 import logging
 import time
 from dataclasses import dataclass
+from typing import Any
 
 import numpy as np
 
@@ -62,8 +63,24 @@ class WhisperOptions:
     cpu_threads: int = 2  # CTranslate2 intra-op threads on CPU
 
 
+def load_whisper(options: WhisperOptions) -> tuple[Any, Any]:
+    """(faster-whisper model, tokenizer) as `options` name them; blocking. Shared by the
+    in-process engine and the worker's batched one, so both read the same weights alike."""
+    from faster_whisper import WhisperModel
+    from faster_whisper.tokenizer import Tokenizer
+
+    local = resolve_local(options.model)
+    source = str(local) if local is not None else options.model  # size name / HF id
+    log.info("loading whisper from %s (%s, %s)", source, options.device, options.compute_type)
+    model = WhisperModel(source, device=options.device, compute_type=options.compute_type,
+                         cpu_threads=options.cpu_threads, local_files_only=local is not None)
+    tokenizer = Tokenizer(model.hf_tokenizer, model.model.is_multilingual, task="transcribe",
+                          language=options.language or "en")
+    return model, tokenizer
+
+
 @dataclass(frozen=True)
-class _FastResult:
+class FastResult:
     text: str
     avg_logprob: float
     no_speech_probability: float
@@ -89,23 +106,7 @@ class WhisperASREngine(ASREngine):
         return self._runner.batch_size
 
     def load(self) -> None:
-        from faster_whisper import WhisperModel
-        from faster_whisper.tokenizer import Tokenizer
-
-        local = resolve_local(self._config.model)
-        source = str(local) if local is not None else self._config.model  # size name / HF id
-        log.info("loading whisper from %s (%s, %s)", source, self._config.device, self._config.compute_type)
-        self._model = WhisperModel(
-            source,
-            device=self._config.device,
-            compute_type=self._config.compute_type,
-            cpu_threads=self._config.cpu_threads,
-            local_files_only=local is not None,
-        )
-        self._tokenizer = Tokenizer(
-            self._model.hf_tokenizer, self._model.model.is_multilingual, task="transcribe",
-            language=self._config.language or "en",
-        )
+        self._model, self._tokenizer = load_whisper(self._config)
 
     def warm_up(self) -> None:
         self._transcribe_blocking(bytes(self.sample_rate), None)  # 0.5 s of silence
@@ -122,12 +123,12 @@ class WhisperASREngine(ASREngine):
         fast = None
         if self._config.encoder_padding_seconds > 0 and seconds + self._config.encoder_padding_seconds < WHISPER_WINDOW_SECONDS:
             fast = self._decode_trimmed_window(audio, prompt)
-            if not _looks_right(fast) and fast.text:
+            if not looks_right(fast) and fast.text:
                 log.debug("trimmed-window decode rejected (%r, logprob %.2f); retrying at temperature %.1f",
                           fast.text[:80], fast.avg_logprob, RETRY_TEMPERATURE)
                 self.fast_path_retries += 1
                 fast = self._decode_trimmed_window(audio, prompt, temperature=RETRY_TEMPERATURE)
-            if not _looks_right(fast):
+            if not looks_right(fast):
                 self.fast_path_fallbacks += 1
                 log.debug("trimmed-window decode rejected (%r, logprob %.2f, no-speech %.2f); using the full window",
                           fast.text[:80], fast.avg_logprob, fast.no_speech_probability)
@@ -139,7 +140,7 @@ class WhisperASREngine(ASREngine):
         return Transcript(text=text, audio_seconds=seconds, compute_seconds=time.perf_counter() - started,
                           language=self._config.language, no_speech_probability=no_speech)
 
-    def _decode_trimmed_window(self, audio: np.ndarray, prompt: str | None, temperature: float = 0.0) -> _FastResult:
+    def _decode_trimmed_window(self, audio: np.ndarray, prompt: str | None, temperature: float = 0.0) -> FastResult:
         import ctranslate2
         from faster_whisper.transcribe import get_suppressed_tokens
 
@@ -164,7 +165,7 @@ class WhisperASREngine(ASREngine):
         ids = [t for t in result.sequences_ids[0] if t < tokenizer.eot]
         # CTranslate2's score is the summed log-probability divided by the length (length
         # penalty 1): the mean log-probability Whisper's threshold is defined on.
-        return _FastResult(tokenizer.decode(ids).strip(), float(result.scores[0]), float(result.no_speech_prob))
+        return FastResult(tokenizer.decode(ids).strip(), float(result.scores[0]), float(result.no_speech_prob))
 
     def _decode_full_window(self, audio: np.ndarray, prompt: str | None) -> tuple[str, float | None]:
         assert self._model is not None
@@ -187,7 +188,7 @@ class WhisperASREngine(ASREngine):
         self._model = None
 
 
-def _looks_right(result: _FastResult) -> bool:
+def looks_right(result: FastResult) -> bool:
     if not result.text:
         # Silence decodes to nothing; trust it only if the model is sure there was no speech.
         return result.no_speech_probability > 0.5

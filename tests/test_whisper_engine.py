@@ -11,8 +11,8 @@ from models.whisper_asr import (
     MAX_DECODE_TOKENS,
     RETRY_TEMPERATURE,
     WhisperASREngine,
-    _FastResult,
-    _looks_right,
+    FastResult,
+    looks_right,
     decode_token_budget,
 )
 
@@ -63,7 +63,7 @@ async def test_a_repetition_loop_is_retried_on_the_short_window_not_the_full_one
     def looping_first(audio, prompt, temperature=0.0):
         calls.append(temperature)
         if temperature == 0.0:  # greedy decoding fell into a loop, as Whisper sometimes does
-            return _FastResult("in miles in miles " * 12, -0.06, 0.01)
+            return FastResult("in miles in miles " * 12, -0.06, 0.01)
         return real(audio, prompt, temperature)
 
     monkeypatch.setattr(engine, "_decode_trimmed_window", looping_first)
@@ -75,8 +75,8 @@ async def test_a_repetition_loop_is_retried_on_the_short_window_not_the_full_one
 
 
 def test_doubtful_fast_results_are_redone():
-    assert _looks_right(_FastResult("what is the capital of france", -0.2, 0.01))
-    assert not _looks_right(_FastResult("I'm sorry. " * 20, -0.1, 0.01))  # a loop
-    assert not _looks_right(_FastResult("the capital of the", -1.6, 0.01))  # low confidence
-    assert not _looks_right(_FastResult("", -0.1, 0.1))  # nothing, though it sounded like speech
-    assert _looks_right(_FastResult("", -0.1, 0.9))  # nothing, and it was silence
+    assert looks_right(FastResult("what is the capital of france", -0.2, 0.01))
+    assert not looks_right(FastResult("I'm sorry. " * 20, -0.1, 0.01))  # a loop
+    assert not looks_right(FastResult("the capital of the", -1.6, 0.01))  # low confidence
+    assert not looks_right(FastResult("", -0.1, 0.1))  # nothing, though it sounded like speech
+    assert looks_right(FastResult("", -0.1, 0.9))  # nothing, and it was silence

@@ -17,13 +17,13 @@ from typing import Any
 import numpy as np
 
 from models.base import EmbeddingEngine
-from workers.batcher import BatchPolicy, BatchRecord, DynamicBatcher
+from workers.batcher import BatchedEngineLoad, BatchPolicy, DynamicBatcher
 
 # Retrieval waits on this: a few ms to gather other calls' queries costs less than a queue.
 DEFAULT_POLICY = BatchPolicy(max_batch=8, timeout_s=0.005, max_pending=64)
 
 
-class BatchedEmbedder(EmbeddingEngine):
+class BatchedEmbedder(BatchedEngineLoad, EmbeddingEngine):
     def __init__(self, inner: EmbeddingEngine, policy: BatchPolicy = DEFAULT_POLICY, *,
                  clock: Callable[[], float] = time.monotonic,
                  sleep: Callable[[float], Awaitable[Any]] = asyncio.sleep) -> None:
@@ -31,18 +31,6 @@ class BatchedEmbedder(EmbeddingEngine):
         self.dimensions = getattr(inner, "dimensions", 0)  # refreshed in load(): read from the model
         self._batcher: DynamicBatcher[list[str], np.ndarray] = DynamicBatcher(
             self._run_batch, **asdict(policy), name="embedder", clock=clock, sleep=sleep)
-
-    @property
-    def queue_depth(self) -> int:
-        return self._batcher.queue_depth
-
-    @property
-    def batch_size(self) -> int | None:
-        return self._batcher.last_batch_size
-
-    @property
-    def batch_record(self) -> BatchRecord:
-        return self._batcher.record
 
     def load(self) -> None:
         self._inner.load()

@@ -27,20 +27,20 @@ from typing import Any
 
 import numpy as np
 
-from models.assets import resolve_local
 from models.base import ASREngine, Transcript
 from models.whisper_asr import (
     MAX_DECODE_TOKENS,
     MEL_FRAMES_PER_SECOND,
     RETRY_TEMPERATURE,
     WHISPER_WINDOW_SECONDS,
+    FastResult,
     WhisperOptions,
-    _FastResult,
-    _looks_right,
     decode_token_budget,
+    load_whisper,
+    looks_right,
     pcm16_to_float32,
 )
-from workers.batcher import BatchPolicy, BatchRecord, DynamicBatcher
+from workers.batcher import BatchedEngineLoad, BatchPolicy, DynamicBatcher
 
 log = logging.getLogger(__name__)
 
@@ -56,7 +56,7 @@ class _Turn:
     prompt: str | None  # earlier text that conditions the decoder
 
 
-class BatchedWhisperASR(ASREngine):
+class BatchedWhisperASR(BatchedEngineLoad, ASREngine):
     sample_rate = 16_000
 
     def __init__(self, options: WhisperOptions, policy: BatchPolicy = DEFAULT_POLICY, *,
@@ -70,29 +70,8 @@ class BatchedWhisperASR(ASREngine):
         self.fast_path_retries = 0  # trimmed-window results redone by sampling
         self.fast_path_fallbacks = 0  # trimmed-window results redone on the full window
 
-    @property
-    def queue_depth(self) -> int:
-        return self._batcher.queue_depth
-
-    @property
-    def batch_size(self) -> int | None:
-        return self._batcher.last_batch_size
-
-    @property
-    def batch_record(self) -> BatchRecord:
-        return self._batcher.record
-
     def load(self) -> None:
-        from faster_whisper import WhisperModel
-        from faster_whisper.tokenizer import Tokenizer
-
-        local = resolve_local(self._options.model)
-        source = str(local) if local is not None else self._options.model  # size name / HF id
-        log.info("loading batched whisper from %s (%s, %s)", source, self._options.device, self._options.compute_type)
-        self._model = WhisperModel(source, device=self._options.device, compute_type=self._options.compute_type,
-                                   cpu_threads=self._options.cpu_threads, local_files_only=local is not None)
-        self._tokenizer = Tokenizer(self._model.hf_tokenizer, self._model.model.is_multilingual,
-                                    task="transcribe", language=self._options.language or "en")
+        self._model, self._tokenizer = load_whisper(self._options)
 
     def warm_up(self) -> None:
         self._run_batch([_Turn(bytes(int(self.sample_rate * _WARM_UP_SECONDS) * 2), None)])
@@ -119,13 +98,13 @@ class BatchedWhisperASR(ASREngine):
                                           language=self._options.language, no_speech_probability=no_speech))
         return transcripts
 
-    def _accept_or_redo(self, fast: _FastResult | None, audio: np.ndarray,
+    def _accept_or_redo(self, fast: FastResult | None, audio: np.ndarray,
                         prompt: str | None) -> tuple[str, float | None]:
         """The in-process engine's checks, on one turn: retry by sampling, then the full window."""
-        if fast is not None and not _looks_right(fast) and fast.text:
+        if fast is not None and not looks_right(fast) and fast.text:
             self.fast_path_retries += 1
             fast = self._decode_trimmed([audio], [prompt], temperature=RETRY_TEMPERATURE)[0]
-        if fast is not None and not _looks_right(fast):
+        if fast is not None and not looks_right(fast):
             self.fast_path_fallbacks += 1
             fast = None
         if fast is not None:
@@ -133,7 +112,7 @@ class BatchedWhisperASR(ASREngine):
         return self._decode_full_window(audio, prompt)
 
     def _decode_trimmed(self, audios: list[np.ndarray], prompts: list[str | None],
-                        temperature: float = 0.0) -> list[_FastResult]:
+                        temperature: float = 0.0) -> list[FastResult]:
         import ctranslate2
         from faster_whisper.transcribe import get_suppressed_tokens
 
@@ -145,7 +124,7 @@ class BatchedWhisperASR(ASREngine):
         groups: dict[int, list[int]] = {}
         for i, tokens in enumerate(prompt_tokens):
             groups.setdefault(len(tokens), []).append(i)
-        results: list[_FastResult | None] = [None] * len(audios)
+        results: list[FastResult | None] = [None] * len(audios)
         for length, members in groups.items():
             features = ctranslate2.StorageView.from_array(np.ascontiguousarray(mels[members], dtype=np.float32))
             decoded = self._model.model.generate(
@@ -159,7 +138,7 @@ class BatchedWhisperASR(ASREngine):
             )
             for i, result in zip(members, decoded):
                 ids = [t for t in result.sequences_ids[0] if t < self._tokenizer.eot]
-                results[i] = _FastResult(self._tokenizer.decode(ids).strip(), float(result.scores[0]),
+                results[i] = FastResult(self._tokenizer.decode(ids).strip(), float(result.scores[0]),
                                          float(result.no_speech_prob))
         assert all(r is not None for r in results)
         return results  # type: ignore[return-value]

@@ -298,3 +298,21 @@ class DynamicBatcher(Generic[Req, Res]):
                 pass
         if self._owns_executor:
             self._executor.shutdown(wait=False, cancel_futures=True)
+
+
+class BatchedEngineLoad:
+    """The Engine contract's load figures for an engine that serves through `self._batcher`."""
+
+    _batcher: DynamicBatcher
+
+    @property
+    def queue_depth(self) -> int:
+        return self._batcher.queue_depth
+
+    @property
+    def batch_size(self) -> int | None:
+        return self._batcher.last_batch_size
+
+    @property
+    def batch_record(self) -> BatchRecord:
+        return self._batcher.record

@@ -72,6 +72,14 @@ class Sampling:
     top_p: float | None = None
     repeat_penalty: float | None = None  # >1 discourages the loops small models fall into
 
+    def over(self, default: Sampling) -> Sampling:
+        """These settings, with `default`'s where these leave one unset."""
+        return Sampling(
+            temperature=default.temperature if self.temperature is None else self.temperature,
+            top_p=default.top_p if self.top_p is None else self.top_p,
+            repeat_penalty=default.repeat_penalty if self.repeat_penalty is None else self.repeat_penalty,
+        )
+
 
 class LLMEngine(Engine):
     @abstractmethod

@@ -89,12 +89,13 @@ class LlamaCppLLMEngine(LLMEngine):
                   sampling: Sampling) -> Iterator[str]:
         if self._llama is None:
             raise RuntimeError("LlamaCppLLMEngine.load() was not called")
+        chosen = sampling.over(self._config.default_sampling)
         chunks = self._llama.create_chat_completion(
             messages=messages,
             max_tokens=max_tokens,
-            temperature=_or(sampling.temperature, self._config.temperature),
-            top_p=_or(sampling.top_p, self._config.top_p),
-            repeat_penalty=_or(sampling.repeat_penalty, self._config.repeat_penalty),
+            temperature=chosen.temperature,
+            top_p=chosen.top_p,
+            repeat_penalty=chosen.repeat_penalty,
             stream=True,
         )
         try:
@@ -111,6 +112,3 @@ class LlamaCppLLMEngine(LLMEngine):
         self._runner.shutdown()
         self._llama = None
 
-
-def _or(value: float | None, default: float) -> float:
-    return default if value is None else value

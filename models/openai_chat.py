@@ -101,7 +101,7 @@ class OpenAIChatLLMEngine(LLMEngine):
 
     def request_body(self, messages: Sequence[ChatMessage], *, max_tokens: int, sampling: Sampling | None,
                      priority: int = _REPLY_PRIORITY) -> dict[str, Any]:
-        chosen = _merged(sampling, self.options.default_sampling)
+        chosen = (sampling or Sampling()).over(self.options.default_sampling)
         body: dict[str, Any] = {"model": self.options.model, "messages": [dict(m) for m in messages],
                                 "max_tokens": max_tokens, "stream": True}
         if chosen.temperature is not None:
@@ -207,12 +207,3 @@ async def _raise_for_status(response: httpx.Response, base_url: str) -> None:
         raise CapacityError(f"LLM server at {base_url} is full or loading (503); retry later: {detail}")
     raise LLMServerError(f"LLM server at {base_url} answered {response.status_code}: {detail}")
 
-
-def _merged(sampling: Sampling | None, default: Sampling) -> Sampling:
-    if sampling is None:
-        return default
-    return Sampling(
-        temperature=default.temperature if sampling.temperature is None else sampling.temperature,
-        top_p=default.top_p if sampling.top_p is None else sampling.top_p,
-        repeat_penalty=default.repeat_penalty if sampling.repeat_penalty is None else sampling.repeat_penalty,
-    )

@@ -43,3 +43,9 @@ def test_each_dialect_gets_the_sampling_names_it_understands():
 def test_bad_options_are_refused(bad):
     with pytest.raises(ConfigError):
         OpenAIChatOptions(**bad)
+
+
+def test_an_agents_sampling_keeps_its_own_settings_and_takes_the_rest_from_the_default():
+    default = Sampling(temperature=0.7, top_p=0.9, repeat_penalty=1.3)
+    assert Sampling(temperature=0.2).over(default) == Sampling(temperature=0.2, top_p=0.9, repeat_penalty=1.3)
+    assert Sampling().over(default) == default

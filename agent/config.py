@@ -22,6 +22,7 @@ from models.orpheus.options import OrpheusOptions
 from models.piper_tts import PiperOptions
 from models.whisper_asr import WhisperOptions
 
+SCHEDULES = ("wanted-by", "arrival")  # server.schedule
 OrpheusConfig = OrpheusOptions  # the name the config has always used for tts.orpheus
 
 
@@ -40,6 +41,10 @@ class ServerConfig:
     # than degrading every call already in progress. 1: what 2 CPU cores hold within TTFS p95
     # 1.5 s (`latency_bench capacity`); measure your machine and raise it.
     max_concurrent_calls: int = 1
+    # How a shared engine orders the requests waiting for it: "wanted-by" (a reply's first
+    # sentence and a turn's final transcript before audio that is not needed yet;
+    # models/scheduling.py) or "arrival" (first come, first served: for A/B measurements).
+    schedule: str = "wanted-by"
     # Largest WebSocket message accepted. A Twilio `media` event for 20 ms is ~300 bytes.
     max_ws_message_bytes: int = 16_384
     # Largest SDP offer accepted on /api/offer. Real offers are 2-6 KB.
@@ -166,6 +171,7 @@ def _validate(config: CadenceConfig) -> None:
     checks = [
         (1 <= config.server.port <= 65535, "server.port must be 1..65535"),
         (config.server.max_concurrent_calls >= 1, "server.max_concurrent_calls must be >= 1"),
+        (config.server.schedule in SCHEDULES, f"server.schedule must be one of {', '.join(SCHEDULES)}"),
         (config.server.max_ws_message_bytes >= 1024, "server.max_ws_message_bytes must be >= 1024"),
         (config.limits.max_call_seconds > 0, "limits.max_call_seconds must be > 0"),
         (0 < config.limits.max_user_turn_seconds <= 30, "limits.max_user_turn_seconds must be in (0, 30]"),
@@ -175,6 +181,8 @@ def _validate(config: CadenceConfig) -> None:
         (1 <= config.tts.orpheus.max_batch <= 1024, "tts.orpheus.max_batch must be in [1, 1024]"),
         (0 <= config.tts.orpheus.batch_timeout_ms <= 200, "tts.orpheus.batch_timeout_ms must be in [0, 200]"),
         (config.tts.orpheus.prompt_format in ("token_ids", "text"), "tts.orpheus.prompt_format must be token_ids or text"),
+        (config.tts.orpheus.codec == "in-process" or config.tts.orpheus.codec.startswith(("http://", "https://")),
+         "tts.orpheus.codec must be in-process or a codec worker's http(s) URL"),
         (config.asr.beam_size >= 1, "asr.beam_size must be >= 1"),
         (0 <= config.asr.speculate_after_secs, "asr.speculate_after_secs must be >= 0"),
         (0 <= config.asr.encoder_padding_seconds < 30, "asr.encoder_padding_seconds must be in [0, 30)"),

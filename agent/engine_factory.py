@@ -26,7 +26,7 @@ def build_asr(config: CadenceConfig, endpoint: Endpoint | None = None) -> ASREng
     if endpoint is not None:
         from models.remote import RemoteASREngine
 
-        return RemoteASREngine(endpoint.url)
+        return RemoteASREngine(endpoint.urls)
     if config.asr.engine == "faster-whisper":
         from models.whisper_asr import WhisperASREngine
 
@@ -40,8 +40,8 @@ def build_llm(config: CadenceConfig, endpoint: Endpoint | None = None) -> LLMEng
 
         dialect = endpoint.engine if endpoint.engine in ("llama-server", "vllm", "trtllm-serve") else "openai"
         return OpenAIChatLLMEngine(OpenAIChatOptions(
-            base_url=endpoint.url, model=endpoint.model or "default", dialect=dialect,
-            default_sampling=config.llm.default_sampling, use_priority=dialect == "vllm"))
+            base_url=endpoint.urls[0], replica_urls=endpoint.urls[1:], model=endpoint.model or "default",
+            dialect=dialect, default_sampling=config.llm.default_sampling, use_priority=dialect == "vllm"))
     if config.llm.engine == "llama-cpp":
         from models.llama_cpp_llm import LlamaCppLLMEngine
 
@@ -49,25 +49,32 @@ def build_llm(config: CadenceConfig, endpoint: Endpoint | None = None) -> LLMEng
     raise ConfigError(f"llm.engine {config.llm.engine!r} is unknown; known: llama-cpp")
 
 
-def build_tts(config: CadenceConfig, endpoint: Endpoint | None = None) -> TTSEngine:
+def build_tts(config: CadenceConfig, endpoint: Endpoint | None = None, codec: Endpoint | None = None) -> TTSEngine:
+    """`codec`: a SNAC codec worker; the Orpheus voice decodes there instead of in this
+    process (its streams then batch with every other agent server's)."""
+    codec_urls = codec.urls if codec is not None else ()
     if endpoint is not None and endpoint.engine in ORPHEUS_TOKEN_SERVERS:
-        # Orpheus' audio tokens come from that server; SNAC decodes them here, batched
-        # across calls by the decode service.
-        return _orpheus(config, token_source=f"{endpoint.url}/v1", model=endpoint.model)
+        # Orpheus' audio tokens come from that server; SNAC decodes them here or at the
+        # codec worker, batched across calls.
+        return _orpheus(config, token_source=f"{endpoint.urls[0]}/v1", model=endpoint.model, codec_urls=codec_urls)
+    if codec is not None and config.tts.engine != "orpheus":
+        raise ConfigError(f"the deployment has a codec worker ({codec.engine}) but the voice is {config.tts.engine}, "
+                          "which does not use it: set tts.engine: orpheus, or drop the codec worker")
     if endpoint is not None:
         from models.remote import RemoteTTSEngine
 
-        return RemoteTTSEngine(endpoint.url)
+        return RemoteTTSEngine(endpoint.urls)
     if config.tts.engine == "piper":
         from models.piper_tts import PiperTTSEngine
 
         return PiperTTSEngine(config.tts)
     if config.tts.engine == "orpheus":
-        return _orpheus(config)
+        return _orpheus(config, codec_urls=codec_urls)
     raise ConfigError(f"tts.engine {config.tts.engine!r} is unknown; known: piper, orpheus")
 
 
-def _orpheus(config: CadenceConfig, *, token_source: str | None = None, model: str | None = None) -> TTSEngine:
+def _orpheus(config: CadenceConfig, *, token_source: str | None = None, model: str | None = None,
+             codec_urls: tuple[str, ...] = ()) -> TTSEngine:
     from models.orpheus.build import build_orpheus
 
     options = config.tts.orpheus
@@ -78,14 +85,14 @@ def _orpheus(config: CadenceConfig, *, token_source: str | None = None, model: s
         from models.piper_tts import PiperTTSEngine
 
         fallback = PiperTTSEngine(config.tts)
-    return build_orpheus(options, fallback=fallback)
+    return build_orpheus(options, fallback=fallback, codec_urls=codec_urls)
 
 
 def build_embedder(config: CadenceConfig, endpoint: Endpoint | None = None) -> EmbeddingEngine:
     if endpoint is not None:
         from models.remote import RemoteEmbeddingEngine
 
-        return RemoteEmbeddingEngine(endpoint.url, config.knowledge.dimensions)
+        return RemoteEmbeddingEngine(endpoint.urls, config.knowledge.dimensions)
     from models.embedding import build_embedder as build
 
     return build(config.knowledge.embedding)
@@ -95,7 +102,7 @@ def build_engines(config: CadenceConfig, endpoints: Mapping[str, Endpoint] | Non
     """`endpoints`: role -> the worker serving it; roles not in it run in-process."""
     at = (endpoints or {}).get
     return Engines(asr=build_asr(config, at("asr")), llm=build_llm(config, at("llm")),
-                   tts=build_tts(config, at("tts")), embedder=build_embedder(config, at("embedder")))
+                   tts=build_tts(config, at("tts"), at("codec")), embedder=build_embedder(config, at("embedder")))
 
 
 async def close_engines(engines: Engines, *, timeout_s: float = 10.0) -> None:

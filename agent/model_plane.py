@@ -18,25 +18,25 @@ from pathlib import Path
 from agent.config import CadenceConfig
 from models.assets import resolve_local
 from workers.binaries import find_binary
-from workers.deployment import Deployment, load_deployment
+from workers.deployment import WorkerSpec, load_deployment
 from workers.gpus import discover
 from workers.placement import Plan, plan
 from workers.supervisor import WorkerSupervisor
 
 log = logging.getLogger(__name__)
 
-SERVED_ROLES = ("asr", "llm", "tts", "embedder")
+SERVED_ROLES = ("asr", "llm", "tts", "codec", "embedder")  # codec: the Orpheus voice's SNAC decoder
 
 
 @dataclass(frozen=True)
 class Endpoint:
     """A model served by a worker: what the engine client needs."""
 
-    role: str  # asr | llm | tts | embedder
+    role: str  # asr | llm | tts | codec | embedder
     engine: str  # the deployment's engine name (llama-server, vllm, faster-whisper, ...)
-    url: str  # the worker's base URL
+    urls: tuple[str, ...]  # each replica's base URL (one for a worker without replicas); clients spread over them
     model: str | None  # the model's name at the server (vLLM serves it under this name)
-    max_streams: int  # requests it is planned to serve at once
+    max_streams: int  # requests each replica is planned to serve at once
 
 
 @dataclass(frozen=True)
@@ -53,19 +53,29 @@ def model_plane_for(config: CadenceConfig) -> ModelPlane:
     deployment = load_deployment(config.deployment)
     placed = plan(deployment, discover(), find_binary=find_binary, resolve_model=resolve_local,
                   base_port=free_port_run(len(deployment.workers) * 4))
-    endpoints: dict[str, Endpoint] = {}
-    for worker in placed.workers:
-        role = worker.spec.role
-        if worker.url is None or role not in SERVED_ROLES or role in endpoints:
-            continue  # in-process, a role this server does not call (codec: Orpheus' own), or a 2nd replica
-        endpoints[role] = Endpoint(role=role, engine=worker.spec.engine, url=worker.url,
-                                   model=worker.spec.model, max_streams=worker.spec.max_streams)
+    endpoints = endpoints_of(placed)
     supervisor = None
     if placed.launches:
         supervisor = WorkerSupervisor(placed.launches, log_dir=_log_dir(config))
     log.info("deployment %s: %s", deployment.name,
-             ", ".join(f"{r} -> {endpoints[r].url}" if r in endpoints else f"{r} in-process" for r in SERVED_ROLES))
+             ", ".join(f"{r} -> {' '.join(endpoints[r].urls)}" if r in endpoints else f"{r} in-process"
+                       for r in SERVED_ROLES))
     return ModelPlane(endpoints=endpoints, supervisor=supervisor, plan=placed)
+
+
+def endpoints_of(placed: Plan) -> dict[str, Endpoint]:
+    """Role -> the first worker serving it, with the URLs of all its replicas (same spec)."""
+    replicas: dict[str, tuple[WorkerSpec, list[str]]] = {}
+    for worker in placed.workers:
+        role = worker.spec.role
+        if worker.url is None or role not in SERVED_ROLES:
+            continue  # in-process
+        spec, urls = replicas.setdefault(role, (worker.spec, []))
+        if worker.spec == spec:  # a second worker of the same role gets no calls from here
+            urls.append(worker.url)
+    return {role: Endpoint(role=role, engine=spec.engine, urls=tuple(urls), model=spec.model,
+                           max_streams=spec.max_streams)
+            for role, (spec, urls) in replicas.items()}
 
 
 def _log_dir(config: CadenceConfig) -> Path:

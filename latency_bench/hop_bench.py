@@ -7,6 +7,9 @@ through a worker on loopback, alternating, on an otherwise idle machine.
   same model in `workers.serve_worker`; the difference is the hop (HTTP, JSON, base64).
 - llm: time to the first streamed piece of a short reply, in-process llama.cpp against
   llama-server (both on the same GGUF and threads), prompt cached as in a call's turns.
+- codec: one stream step of one SNAC frame (what an Orpheus stream sends ~12 times a
+  second), the in-process decode service against the codec worker (WebSocket), both on
+  one thread with the same random-weight SNAC (the decode costs the same with real weights).
 
 Prints p50/p95 of each and of the difference, in milliseconds.
 """
@@ -21,6 +24,7 @@ import tempfile
 import time
 from pathlib import Path
 
+import numpy as np
 import yaml
 
 from agent.model_plane import free_port_run
@@ -29,6 +33,9 @@ from models.base import Sampling
 from models.embedding import EmbeddingOptions, build_embedder
 from models.llama_cpp_llm import LlamaCppLLMEngine, LlamaCppOptions
 from models.openai_chat import OpenAIChatLLMEngine, OpenAIChatOptions
+from models.orpheus.decode_service import DecodeServiceConfig, SnacDecodeService
+from models.orpheus.remote_codec import RemoteSnacCodec
+from models.orpheus.snac_decoder import load_snac
 from models.remote import RemoteEmbeddingEngine
 from workers.binaries import find_binary
 from workers.deployment import load_deployment
@@ -65,7 +72,9 @@ async def measure(rounds: int) -> dict:
                      # not the batcher's wait for company (up to its timeout_ms under load).
                      "threads": 1, "max_streams": 4, "batching": {"max_batch": 1, "timeout_ms": 1}},
         "llm": {"engine": "llama-server", "run": "process", "model": "package:smollm2-135m-instruct",
-                "threads": 2, "max_streams": 1, "context_tokens_per_stream": 2048}}}))
+                "threads": 2, "max_streams": 1, "context_tokens_per_stream": 2048},
+        "codec": {"engine": "snac", "run": "process", "model": "random", "threads": 1, "max_streams": 4,
+                  "batching": {"max_batch": 16, "timeout_ms": 15}}}}))
     deployment = load_deployment(source)
     placed = plan(deployment, (), find_binary=find_binary, resolve_model=resolve_local, base_port=free_port_run(4))
     urls = {w.spec.role: w.url for w in placed.workers}
@@ -75,6 +84,8 @@ async def measure(rounds: int) -> dict:
     remote_embedder = RemoteEmbeddingEngine(urls["embedder"], 384)
     local_llm = LlamaCppLLMEngine(LlamaCppOptions(threads=2))
     remote_llm = OpenAIChatLLMEngine(OpenAIChatOptions(base_url=urls["llm"]))
+    local_codec = SnacDecodeService(load_snac(None), DecodeServiceConfig(threads=1))
+    remote_codec = await asyncio.to_thread(RemoteSnacCodec(urls["codec"]).load)
     try:
         for engine in (local_embedder, remote_embedder, local_llm, remote_llm):
             await asyncio.to_thread(engine.load)
@@ -89,8 +100,9 @@ async def measure(rounds: int) -> dict:
         for _ in range(max(10, rounds // 10)):
             for name, engine in (("local", local_llm), ("remote", remote_llm)):
                 results["llm_first_piece"][name].append(await _first_piece_ms(engine))
+        results["codec_step"] = await _codec_steps(local_codec, remote_codec, rounds)
     finally:
-        for engine in (local_embedder, remote_embedder, local_llm, remote_llm):
+        for engine in (local_embedder, remote_embedder, local_llm, remote_llm, local_codec, remote_codec):
             await engine.close()
         await supervisor.stop()
     report = {}
@@ -99,6 +111,24 @@ async def measure(rounds: int) -> dict:
         report[stage] = {"in_process_ms": percentiles(runs["local"]), "worker_ms": percentiles(runs["remote"]),
                          "hop_ms": percentiles(hop)}
     return report
+
+
+async def _codec_steps(local: SnacDecodeService, remote: RemoteSnacCodec, rounds: int) -> dict[str, list[float]]:
+    """One open stream on each side, stepped a frame at a time, alternating. With one stream
+    open, neither batcher waits for company: what differs is the hop."""
+    await local.start()
+    local.warm_up()
+    frames = np.random.default_rng(0).integers(0, 4096, (rounds, 1, 7))
+    streams = {"local": (local, local.open_stream()), "remote": (remote, remote.open_stream())}
+    times: dict[str, list[float]] = {"local": [], "remote": []}
+    for frame in frames:
+        for name, (codec, stream) in streams.items():
+            start = time.perf_counter()
+            await codec.step(stream, frame)
+            times[name].append((time.perf_counter() - start) * 1000)
+    for codec, stream in streams.values():
+        codec.release(stream)
+    return times
 
 
 def main(argv: list[str] | None = None) -> int:

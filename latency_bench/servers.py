@@ -69,20 +69,30 @@ def _stop(process: subprocess.Popen) -> None:
         process.wait()
 
 
-@contextlib.contextmanager
-def cadence(out: Path, *, max_calls: int, config: Path = DEFAULT_CONFIG, deployment: str | None = None,
-            agent_files: tuple[Path, ...] = ()) -> Iterator[str]:
-    """Cadence's own server on `config`, admitting `max_calls` calls, with a store in `out`.
-    `deployment`: a deployment file, or "none" for every model in-process (None: the config's).
-    `agent_files`: agents created through the API once it is ready (the bench's own agents)."""
-    out.mkdir(parents=True, exist_ok=True)
+def write_bench_config(out: Path, config: Path, *, max_calls: int, deployment: str | None = None,
+                       schedule: str | None = None) -> Path:
+    """`config` with the bench's settings over it, written into `out` (see `cadence`)."""
     data = yaml.safe_load(config.read_text()) or {}
     if deployment is not None:
         data["deployment"] = None if deployment == "none" else deployment
     data.setdefault("server", {})["max_concurrent_calls"] = max_calls
+    if schedule is not None:
+        data["server"]["schedule"] = schedule
     data.setdefault("store", {})["path"] = str(out / "cadence-bench.sqlite3")
-    bench_config = out / "cadence-bench.yaml"
-    bench_config.write_text(yaml.safe_dump(data))
+    path = out / "cadence-bench.yaml"
+    path.write_text(yaml.safe_dump(data))
+    return path
+
+
+@contextlib.contextmanager
+def cadence(out: Path, *, max_calls: int, config: Path = DEFAULT_CONFIG, deployment: str | None = None,
+            schedule: str | None = None, agent_files: tuple[Path, ...] = ()) -> Iterator[str]:
+    """Cadence's own server on `config`, admitting `max_calls` calls, with a store in `out`.
+    `deployment`: a deployment file, or "none" for every model in-process (None: the config's).
+    `schedule`: server.schedule (None: the config's).
+    `agent_files`: agents created through the API once it is ready (the bench's own agents)."""
+    out.mkdir(parents=True, exist_ok=True)
+    bench_config = write_bench_config(out, config, max_calls=max_calls, deployment=deployment, schedule=schedule)
     port = free_port()
     with child([sys.executable, "-m", "agent.cli", "serve", "--config", str(bench_config), "--host", "127.0.0.1",
                 "--port", str(port), "--log-level", "warning"], out / "cadence.log",

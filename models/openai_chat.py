@@ -8,6 +8,16 @@ the sampling extensions they accept, which `dialect` names.
 Closing the reply iterator (barge-in, hang-up) closes the HTTP response; these servers
 notice the closed connection and free the request's slot, so a reply nobody will hear
 stops costing the other calls.
+
+Several servers of one model (a deployment's `replicas: N`: `base_url` and `replica_urls`)
+share the calls, prefix-affine: llama-server keeps a prompt cache per slot and vLLM caches
+prefixes, so a conversation keeps going to one replica. A stable hash of its opening (the
+first system message and the first user message) names its home replica; a home that
+refused a connection in the last `cool_off_s`, or has max_in_flight / len(replicas) replies
+open while another has fewer, is passed over for the least loaded (models/replicas.py). A
+replica that refuses the connection is tried once more on another before anything streamed.
+A prompt window that slides past the first user message moves the conversation (its prefix
+changed anyway), and a warm-up before the first question is homed by the system prompt alone.
 """
 
 from __future__ import annotations
@@ -22,6 +32,8 @@ import httpx
 
 from models.base import ChatMessage, LLMEngine, Sampling
 from models.errors import CadenceError, CapacityError, ConfigError, WorkerUnavailableError
+from models.remote import CONNECT_FAILURES
+from models.replicas import DEFAULT_COOL_OFF_S, ReplicaSet
 
 log = logging.getLogger(__name__)
 
@@ -46,10 +58,23 @@ class OpenAIChatOptions:
     # once (CapacityError), never queued behind minutes of other calls' replies.
     max_in_flight: int = 32
     use_priority: bool = False  # send vLLM's per-request priority (needs --scheduling-policy priority)
+    # More servers of the same model beside base_url (its replicas); conversations spread over all.
+    replica_urls: tuple[str, ...] = ()
+    cool_off_s: float = DEFAULT_COOL_OFF_S  # a server that refused a connection gets no reply for this long
+
+    @property
+    def urls(self) -> tuple[str, ...]:
+        """Every server of the model: base_url first."""
+        return (self.base_url, *self.replica_urls)
 
     def __post_init__(self) -> None:
-        if not self.base_url.startswith(("http://", "https://")):
-            raise ConfigError(f"LLM server url {self.base_url!r} must start with http:// or https://")
+        for url in self.urls:
+            if not url.startswith(("http://", "https://")):
+                raise ConfigError(f"LLM server url {url!r} must start with http:// or https://")
+        if len({url.rstrip("/") for url in self.urls}) != len(self.urls):
+            raise ConfigError(f"LLM server urls repeat one another: {', '.join(self.urls)}; list each replica once")
+        if self.cool_off_s < 0:
+            raise ConfigError("LLM server client: cool_off_s >= 0 required")
         if self.dialect not in DIALECTS:
             raise ConfigError(f"LLM server dialect {self.dialect!r} is unknown; known: {', '.join(DIALECTS)}")
         if self.max_in_flight < 1 or self.connect_timeout_s <= 0 or self.read_timeout_s <= 0:
@@ -63,7 +88,10 @@ class LLMServerError(CadenceError):
 class OpenAIChatLLMEngine(LLMEngine):
     def __init__(self, options: OpenAIChatOptions) -> None:
         self.options = options
-        self._client: httpx.AsyncClient | None = None
+        self._replicas = ReplicaSet(tuple(url.rstrip("/") for url in options.urls), cool_off_s=options.cool_off_s)
+        # A conversation leaves its home replica once that has its share of the replies open.
+        self._busy_at = options.max_in_flight / len(options.urls)
+        self._clients: dict[str, httpx.AsyncClient] = {}
         self._in_flight = 0
         self._generating = 0  # streams that have produced their first piece and not ended
         self._last_batch: int | None = None
@@ -78,26 +106,26 @@ class OpenAIChatLLMEngine(LLMEngine):
         return self._last_batch
 
     def load(self) -> None:
-        """Checks the server answers (blocking; it is started and awaited before this)."""
-        url = f"{self.options.base_url}/health"
-        try:
-            answer = httpx.get(url, timeout=self.options.connect_timeout_s * 5)
-        except httpx.HTTPError as exc:
-            raise WorkerUnavailableError(f"LLM server at {self.options.base_url} is unreachable: {exc}") from exc
-        if answer.status_code != 200:
-            raise WorkerUnavailableError(f"LLM server at {self.options.base_url} is not ready ({answer.status_code})")
+        """Checks every server answers (blocking; they are started and awaited before this)."""
+        for url in self._replicas.urls:
+            try:
+                answer = httpx.get(f"{url}/health", timeout=self.options.connect_timeout_s * 5)
+            except httpx.HTTPError as exc:
+                raise WorkerUnavailableError(f"LLM server at {url} is unreachable: {exc}") from exc
+            if answer.status_code != 200:
+                raise WorkerUnavailableError(f"LLM server at {url} is not ready ({answer.status_code})")
 
     def warm_up(self) -> None:
         pass  # the server warmed itself up before reporting healthy
 
-    def _http(self) -> httpx.AsyncClient:
-        if self._client is None:
+    def _http(self, url: str) -> httpx.AsyncClient:
+        if url not in self._clients:
             timeout = httpx.Timeout(self.options.read_timeout_s, connect=self.options.connect_timeout_s)
             # One connection per concurrent stream: the pool must not become the queue.
             limits = httpx.Limits(max_connections=self.options.max_in_flight,
                                   max_keepalive_connections=self.options.max_in_flight)
-            self._client = httpx.AsyncClient(base_url=self.options.base_url, timeout=timeout, limits=limits)
-        return self._client
+            self._clients[url] = httpx.AsyncClient(base_url=url, timeout=timeout, limits=limits)
+        return self._clients[url]
 
     def request_body(self, messages: Sequence[ChatMessage], *, max_tokens: int, sampling: Sampling | None,
                      priority: int = _REPLY_PRIORITY) -> dict[str, Any]:
@@ -133,12 +161,14 @@ class OpenAIChatLLMEngine(LLMEngine):
 
     async def _stream(self, body: dict[str, Any]) -> AsyncIterator[str]:
         if self._in_flight >= self.options.max_in_flight:
-            raise CapacityError(f"LLM server at {self.options.base_url} has {self._in_flight} replies open; retry later")
+            raise CapacityError(f"LLM server at {', '.join(self._replicas.urls)} has {self._in_flight} replies open; "
+                                "retry later")
         self._in_flight += 1
         started = False
         try:
-            async with self._http().stream("POST", "/v1/chat/completions", json=body) as response:
-                await _raise_for_status(response, self.options.base_url)
+            url, response = await self._open(body)
+            try:
+                await _raise_for_status(response, url)
                 parser = ServerSentEvents()
                 async for raw in response.aiter_text():
                     for event in parser.feed(raw):
@@ -149,19 +179,57 @@ class OpenAIChatLLMEngine(LLMEngine):
                                 self._generating += 1
                                 self._last_batch = self._generating
                             yield piece
-        except httpx.TransportError as exc:  # refused, reset, timed out, died mid-stream
-            raise WorkerUnavailableError(
-                f"LLM server at {self.options.base_url} failed mid-request ({type(exc).__name__}); "
-                "the worker is restarting or overloaded") from exc
+            except httpx.TransportError as exc:  # reset, timed out, died mid-stream
+                raise _unavailable(url, exc) from exc
+            finally:
+                self._replicas.finished(url)
+                await response.aclose()
         finally:
             self._in_flight -= 1
             if started:
                 self._generating -= 1
 
+    async def _open(self, body: dict[str, Any]) -> tuple[str, httpx.Response]:
+        """The conversation's replica's response, headers read, counted in flight there until the
+        caller calls finished(url). A refused connection is tried once more on another replica."""
+        url = self._replicas.pick_for(conversation_key(body["messages"]), busy_at=self._busy_at)
+        retried = False
+        while True:
+            self._replicas.started(url)
+            client = self._http(url)
+            try:
+                return url, await client.send(client.build_request("POST", "/v1/chat/completions", json=body),
+                                              stream=True)
+            except httpx.TransportError as exc:
+                self._replicas.finished(url)
+                if not isinstance(exc, CONNECT_FAILURES):
+                    raise _unavailable(url, exc) from exc
+                self._replicas.mark_down(url)
+                other = None if retried else self._replicas.alternative(url)
+                if other is None:
+                    raise _unavailable(url, exc) from exc
+                log.info("LLM server at %s refused the connection (%s); trying %s", url, type(exc).__name__, other)
+                url, retried = other, True
+            except BaseException:  # cancelled: a barge-in or a hang-up
+                self._replicas.finished(url)
+                raise
+
     async def close(self) -> None:
-        if self._client is not None:
-            await self._client.aclose()
-            self._client = None
+        clients, self._clients = self._clients, {}
+        for client in clients.values():
+            await client.aclose()
+
+
+def conversation_key(messages: Sequence[ChatMessage]) -> str:
+    """What stays the same through a conversation: its first system and first user message."""
+    system = next((m.get("content") for m in messages if m.get("role") == "system"), None)
+    user = next((m.get("content") for m in messages if m.get("role") == "user"), None)
+    return json.dumps([system, user], default=str)
+
+
+def _unavailable(url: str, exc: httpx.TransportError) -> WorkerUnavailableError:
+    return WorkerUnavailableError(f"LLM server at {url} failed mid-request ({type(exc).__name__}); "
+                                  "the worker is restarting or overloaded")
 
 
 class ServerSentEvents:

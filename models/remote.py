@@ -8,7 +8,20 @@ The pipeline cannot tell them from in-process engines: the same ABCs and the sam
   any other 4xx or 5xx            -> CadenceError with the worker's message (not retryable)
 A dead worker shows within `connect_timeout_s` (a refused connection at once), so a call
 gets a clear error within two seconds instead of a hang. Every request carries an
-X-Request-Id, and X-Deadline-Ms when the caller set one with `deadline_within`.
+X-Request-Id, X-Deadline-Ms when the caller set one with `deadline_within`, and
+X-Wanted-By-Ms when the pipeline said when it wants the answer (models.scheduling): a
+batching worker then serves a reply's first sentence before other calls' later ones, as
+the in-process runner does.
+
+A worker may run as several replicas (a deployment's `replicas: N`); the client is given all
+their URLs and spreads the load itself (models/replicas.py): each request goes to the replica
+with the fewest requests in flight from this client, ties round-robin. A replica that refuses
+the connection (or does not accept it within `connect_timeout_s`) is passed over for
+`cool_off_s`, and the request goes once more to another replica, if one is up: nothing was
+sent to the first, and a transcription or embedding may be asked twice anyway; a synthesis is
+only retried before any audio came. A replica that answers 503 retryable (full, loading) is
+likewise skipped once for another. The error of the last try is what the caller sees, mapped
+as above. `load()` checks every replica.
 Nothing here imports agent/ or pipelines/.
 """
 
@@ -16,6 +29,7 @@ from __future__ import annotations
 
 import base64
 import contextlib
+import logging
 import time
 import uuid
 from collections.abc import AsyncIterator, Iterator, Sequence
@@ -28,8 +42,15 @@ import numpy as np
 
 from models.base import ASREngine, EmbeddingEngine, TTSEngine, Transcript
 from models.errors import CadenceError, CapacityError, ConfigError, WorkerUnavailableError
+from models.replicas import DEFAULT_COOL_OFF_S, ReplicaSet
+from models.scheduling import WANTED_BY
+
+log = logging.getLogger(__name__)
 
 _PCM16_SAMPLE_BYTES = 2
+
+# The transport errors that mean the request never reached the worker: safe to send elsewhere.
+CONNECT_FAILURES = (httpx.ConnectError, httpx.ConnectTimeout)
 
 # When the answer stops being useful, on time.monotonic's scale: set by `deadline_within`.
 _DEADLINE: ContextVar[float | None] = ContextVar("cadence_remote_deadline", default=None)
@@ -51,106 +72,200 @@ class RemoteOptions:
     connect_timeout_s: float = 1.0  # a worker that does not accept a connection by then counts as down
     read_timeout_s: float = 30.0  # longest silence between bytes of an answer before the worker counts as stuck
     ready_timeout_s: float = 2.0  # load(): how long /readyz may take to answer
-    max_connections: int = 64  # pooled connections to this worker; more requests wait for one
+    max_connections: int = 64  # pooled connections to each replica; more requests wait for one
+    cool_off_s: float = DEFAULT_COOL_OFF_S  # a replica that refused a connection gets no request for this long
 
     def __post_init__(self) -> None:
         if min(self.connect_timeout_s, self.read_timeout_s, self.ready_timeout_s) <= 0 or self.max_connections < 1:
             raise ValueError("remote engine timeouts must be > 0 and max_connections >= 1")
+        if self.cool_off_s < 0:
+            raise ValueError("remote engine cool_off_s must be >= 0")
+
+
+def replica_urls(base_urls: str | Sequence[str], what: str) -> tuple[str, ...]:
+    """One base URL or several -> distinct URLs without a trailing slash; ConfigError otherwise."""
+    urls = tuple(url.rstrip("/") for url in ([base_urls] if isinstance(base_urls, str) else base_urls))
+    if not urls:
+        raise ConfigError(f"the {what} client needs at least one worker URL")
+    for url in urls:
+        if not url.startswith(("http://", "https://")):
+            raise ConfigError(f"{what} worker URL {url!r} must start with http:// or https://")
+    if len(set(urls)) != len(urls):
+        raise ConfigError(f"{what} worker URLs repeat one another: {', '.join(urls)}; list each replica once")
+    return urls
 
 
 class WorkerClient:
-    """The HTTP side the remote engines share: pooled connections, error mapping, in-flight count."""
+    """The HTTP side the remote engines share: a connection pool per replica, the replica
+    choice, error mapping, the in-flight count."""
 
-    def __init__(self, base_url: str, role: str, options: RemoteOptions) -> None:
-        self.base_url = base_url.rstrip("/")
+    def __init__(self, base_urls: str | Sequence[str], role: str, options: RemoteOptions) -> None:
         self.role = role
-        self.in_flight = 0  # requests (and open streams) of this client not yet finished
+        self.replicas = ReplicaSet(replica_urls(base_urls, role), cool_off_s=options.cool_off_s)
         timeout = httpx.Timeout(options.read_timeout_s, connect=options.connect_timeout_s)
         limits = httpx.Limits(max_connections=options.max_connections)
-        self._http = httpx.AsyncClient(base_url=self.base_url, timeout=timeout, limits=limits)
-        self._blocking = httpx.Client(base_url=self.base_url, timeout=timeout, limits=limits)
+        self._http = {url: httpx.AsyncClient(base_url=url, timeout=timeout, limits=limits) for url in self.urls}
+        self._blocking = {url: httpx.Client(base_url=url, timeout=timeout, limits=limits) for url in self.urls}
         self._ready_timeout = httpx.Timeout(options.ready_timeout_s, connect=options.connect_timeout_s)
 
-    def check_ready(self) -> dict[str, Any]:
-        """Blocking: the worker's /readyz answer; raises unless it is ready and serves our role."""
+    @property
+    def urls(self) -> tuple[str, ...]:
+        return self.replicas.urls
+
+    @property
+    def in_flight(self) -> int:
+        """Requests (and open streams) of this client not yet finished, over all replicas."""
+        return self.replicas.in_flight
+
+    def check_ready(self) -> dict[str, dict[str, Any]]:
+        """Blocking: each replica's /readyz answer by URL; raises unless every one is ready and
+        serves our role."""
+        return {url: self._check_replica(url) for url in self.urls}
+
+    def _check_replica(self, url: str) -> dict[str, Any]:
         try:
-            answer = self._blocking.get("/readyz", timeout=self._ready_timeout)
+            answer = self._blocking[url].get("/readyz", timeout=self._ready_timeout)
         except httpx.TransportError as exc:
-            raise self._unavailable(exc, "-") from exc
+            raise self._unavailable(url, exc, "-") from exc
         body = _json_or_empty(answer)
         if answer.status_code != 200:
-            raise WorkerUnavailableError(f"{self.role} worker at {self.base_url} is not ready: "
+            raise WorkerUnavailableError(f"{self.role} worker at {url} is not ready: "
                                          f"{body.get('error') or answer.status_code}; start it or wait for it")
         if body.get("role") != self.role:
-            raise ConfigError(f"the worker at {self.base_url} serves {body.get('role')!r}, not {self.role}; "
+            raise ConfigError(f"the worker at {url} serves {body.get('role')!r}, not {self.role}; "
                               "check the worker URLs")
         return body
 
-    def _headers(self, request_id: str, extra: dict[str, str] | None = None) -> dict[str, str]:
+    def _headers(self, request_id: str, extra: dict[str, str] | None = None,
+                 wanted_by: float | None = None) -> dict[str, str]:
+        """`wanted_by`: when the answer is wanted, if read earlier than now (a stream's is
+        read at the call, before its generator runs); otherwise WANTED_BY's value now."""
         headers = {"X-Request-Id": request_id, **(extra or {})}
+        now = time.monotonic()
         deadline = _DEADLINE.get()
         if deadline is not None:
-            headers["X-Deadline-Ms"] = f"{max(0.0, deadline - time.monotonic()) * 1000.0:.0f}"
+            headers["X-Deadline-Ms"] = f"{max(0.0, deadline - now) * 1000.0:.0f}"
+        wanted_by = wanted_by if wanted_by is not None else WANTED_BY.get()
+        if wanted_by is not None:
+            headers["X-Wanted-By-Ms"] = f"{max(0.0, wanted_by - now) * 1000.0:.0f}"
         return headers
 
     async def post(self, path: str, *, headers: dict[str, str] | None = None, **kwargs: Any) -> httpx.Response:
-        request_id = uuid.uuid4().hex[:16]
-        self.in_flight += 1
-        try:
-            answer = await self._http.post(path, headers=self._headers(request_id, headers), **kwargs)
-        except httpx.TransportError as exc:
-            raise self._unavailable(exc, request_id) from exc
-        finally:
-            self.in_flight -= 1
-        self.raise_for_status(answer, request_id)
+        request_id = _new_request_id()
+        url, answer = await self._send(path, request_id, headers, stream=False, **kwargs)
+        self.replicas.finished(url)
+        self.raise_for_status(answer, url, request_id)
         return answer
 
     def post_blocking(self, path: str, **kwargs: Any) -> httpx.Response:
-        request_id = uuid.uuid4().hex[:16]
-        try:
-            answer = self._blocking.post(path, headers=self._headers(request_id), **kwargs)
-        except httpx.TransportError as exc:
-            raise self._unavailable(exc, request_id) from exc
-        self.raise_for_status(answer, request_id)
-        return answer
+        """From a thread: the replica choice without the in-flight count (which the loop owns)."""
+        request_id = _new_request_id()
+        url, retried = self.replicas.pick(), False
+        while True:
+            try:
+                answer = self._blocking[url].post(path, headers=self._headers(request_id), **kwargs)
+            except httpx.TransportError as exc:
+                other = self._after_failure(url, exc, retried)
+                if other is None:
+                    raise self._unavailable(url, exc, request_id) from exc
+            else:
+                other = None if retried else self._alternative_to_full(url, answer)
+                if other is None:
+                    self.raise_for_status(answer, url, request_id)
+                    return answer
+            url, retried = other, True
 
-    async def stream(self, path: str, **kwargs: Any) -> AsyncIterator[bytes]:
+    async def stream(self, path: str, *, wanted_by: float | None = None, **kwargs: Any) -> AsyncIterator[bytes]:
         """The answer's body as it arrives. Closing this iterator closes the HTTP response."""
-        request_id = uuid.uuid4().hex[:16]
-        self.in_flight += 1
+        request_id = _new_request_id()
+        url, answer = await self._send(path, request_id, None, stream=True, wanted_by=wanted_by, **kwargs)
         try:
-            async with self._http.stream("POST", path, headers=self._headers(request_id), **kwargs) as answer:
-                if answer.status_code >= 400:
-                    await answer.aread()
-                    self.raise_for_status(answer, request_id)
-                async for piece in answer.aiter_bytes():
-                    yield piece
+            if answer.status_code >= 400:
+                await answer.aread()
+                self.raise_for_status(answer, url, request_id)
+            async for piece in answer.aiter_bytes():
+                yield piece
         except httpx.TransportError as exc:
-            raise self._unavailable(exc, request_id) from exc
+            raise self._unavailable(url, exc, request_id) from exc
         finally:
-            self.in_flight -= 1
+            self.replicas.finished(url)
+            await answer.aclose()
 
-    def raise_for_status(self, answer: httpx.Response, request_id: str) -> None:
+    async def _send(self, path: str, request_id: str, headers: dict[str, str] | None, *, stream: bool,
+                    wanted_by: float | None = None,
+                    **kwargs: Any) -> tuple[str, httpx.Response]:
+        """One replica's answer (with `stream`, its headers only), counted in flight there until
+        the caller calls `replicas.finished(url)`. A refused or full replica gets one more try
+        elsewhere; no byte of an answer was passed on before it."""
+        url, retried = self.replicas.pick(), False
+        while True:
+            self.replicas.started(url)
+            client = self._http[url]
+            try:
+                request = client.build_request("POST", path, headers=self._headers(request_id, headers, wanted_by),
+                                               **kwargs)
+                answer = await client.send(request, stream=stream)
+                if answer.status_code == 503:
+                    await answer.aread()  # the body says whether it is full (retryable)
+            except httpx.TransportError as exc:
+                self.replicas.finished(url)
+                other = self._after_failure(url, exc, retried)
+                if other is None:
+                    raise self._unavailable(url, exc, request_id) from exc
+            except BaseException:  # cancelled (a barge-in, a hang-up): the slot is not ours any more
+                self.replicas.finished(url)
+                raise
+            else:
+                other = None if retried else self._alternative_to_full(url, answer)
+                if other is None:
+                    return url, answer
+                self.replicas.finished(url)
+                await answer.aclose()
+            url, retried = other, True
+
+    def _after_failure(self, url: str, exc: httpx.TransportError, retried: bool) -> str | None:
+        """A replica that refused the connection cools off; the replica to try next, if any."""
+        if not isinstance(exc, CONNECT_FAILURES):
+            return None  # the worker may have begun: only a fresh request may repeat it
+        self.replicas.mark_down(url)
+        other = None if retried else self.replicas.alternative(url)
+        if other is not None:
+            log.info("%s worker at %s refused the connection (%s); trying %s", self.role, url,
+                     type(exc).__name__, other)
+        return other
+
+    def _alternative_to_full(self, url: str, answer: httpx.Response) -> str | None:
+        if answer.status_code != 503 or not _json_or_empty(answer).get("retryable"):
+            return None
+        return self.replicas.alternative(url)
+
+    def raise_for_status(self, answer: httpx.Response, url: str, request_id: str) -> None:
         if answer.status_code < 400:
             return
         body = _json_or_empty(answer)
         message = body.get("error") or answer.text[:200] or answer.reason_phrase
-        where = f"{self.role} worker at {self.base_url} (request {request_id})"
+        where = f"{self.role} worker at {url} (request {request_id})"
         if answer.status_code in (503, 504) and body.get("retryable", answer.status_code == 504):
             raise CapacityError(f"{where} is busy: {message}; retry later")
         if answer.status_code == 503:
             raise WorkerUnavailableError(f"{where} cannot serve: {message}")
         raise CadenceError(f"{where} answered {answer.status_code}: {message}")
 
-    def _unavailable(self, exc: httpx.TransportError, request_id: str) -> WorkerUnavailableError:
+    def _unavailable(self, url: str, exc: httpx.TransportError, request_id: str) -> WorkerUnavailableError:
         what = "did not answer in time" if isinstance(exc, httpx.TimeoutException) else "cannot be reached"
-        return WorkerUnavailableError(f"{self.role} worker at {self.base_url} {what} "
+        return WorkerUnavailableError(f"{self.role} worker at {url} {what} "
                                       f"({type(exc).__name__}: {exc or 'no detail'}; request {request_id}); "
                                       "is it running? the supervisor restarts a worker that died")
 
     async def aclose(self) -> None:
-        await self._http.aclose()
-        self._blocking.close()
+        for client in self._http.values():
+            await client.aclose()
+        for blocking in self._blocking.values():
+            blocking.close()
+
+
+def _new_request_id() -> str:
+    return uuid.uuid4().hex[:16]
 
 
 def _json_or_empty(answer: httpx.Response) -> dict[str, Any]:
@@ -162,8 +277,8 @@ def _json_or_empty(answer: httpx.Response) -> dict[str, Any]:
 
 
 class RemoteASREngine(ASREngine):
-    def __init__(self, base_url: str, *, options: RemoteOptions = RemoteOptions()) -> None:
-        self._client = WorkerClient(base_url, "asr", options)
+    def __init__(self, base_urls: str | Sequence[str], *, options: RemoteOptions = RemoteOptions()) -> None:
+        self._client = WorkerClient(base_urls, "asr", options)  # one worker, or each of its replicas
 
     @property
     def queue_depth(self) -> int:
@@ -185,19 +300,20 @@ class RemoteASREngine(ASREngine):
 
 
 class RemoteEmbeddingEngine(EmbeddingEngine):
-    def __init__(self, base_url: str, dimensions: int, *, options: RemoteOptions = RemoteOptions()) -> None:
-        self.dimensions = dimensions  # checked against the worker's in load() and in every answer
-        self._client = WorkerClient(base_url, "embedder", options)
+    def __init__(self, base_urls: str | Sequence[str], dimensions: int, *,
+                 options: RemoteOptions = RemoteOptions()) -> None:
+        self.dimensions = dimensions  # checked against each replica's in load() and in every answer
+        self._client = WorkerClient(base_urls, "embedder", options)
 
     @property
     def queue_depth(self) -> int:
         return self._client.in_flight
 
     def load(self) -> None:
-        served = self._client.check_ready().get("dimensions")
-        if served != self.dimensions:
-            raise ConfigError(f"the embedder at {self._client.base_url} gives {served} dimensions, "
-                              f"not the {self.dimensions} configured; the index would not match")
+        for url, body in self._client.check_ready().items():
+            if body.get("dimensions") != self.dimensions:
+                raise ConfigError(f"the embedder at {url} gives {body.get('dimensions')} dimensions, "
+                                  f"not the {self.dimensions} configured; the index would not match")
 
     async def embed(self, texts: Sequence[str]) -> np.ndarray:
         texts = list(texts)
@@ -215,7 +331,7 @@ class RemoteEmbeddingEngine(EmbeddingEngine):
         body = answer.json()
         vectors = np.frombuffer(base64.b64decode(body["vectors_b64"]), dtype="<f4")
         if body.get("dimensions") != self.dimensions or vectors.size != count * self.dimensions:
-            raise CadenceError(f"the embedder at {self._client.base_url} sent {vectors.size} numbers in "
+            raise CadenceError(f"the embedder answering {answer.url} sent {vectors.size} numbers in "
                                f"{body.get('dimensions')} dimensions for {count} texts; expected {self.dimensions}")
         return vectors.astype(np.float32).reshape(count, self.dimensions)
 
@@ -224,31 +340,38 @@ class RemoteEmbeddingEngine(EmbeddingEngine):
 
 
 class RemoteTTSEngine(TTSEngine):
-    def __init__(self, base_url: str, sample_rate: int | None = None, *,
+    def __init__(self, base_urls: str | Sequence[str], sample_rate: int | None = None, *,
                  options: RemoteOptions = RemoteOptions()) -> None:
         # Checked against the worker's in load(); None: whatever the worker's voice speaks at
         # (as an in-process voice learns its rate when it loads).
         self.sample_rate = sample_rate or 0
         self._expected_rate = sample_rate
-        self._client = WorkerClient(base_url, "tts", options)
+        self._client = WorkerClient(base_urls, "tts", options)  # one worker, or each of its replicas
 
     @property
     def queue_depth(self) -> int:
         return self._client.in_flight
 
     def load(self) -> None:
-        served = self._client.check_ready().get("sample_rate")
-        if self._expected_rate is None and isinstance(served, int) and served > 0:
-            self.sample_rate = served
-            return
-        if served != self.sample_rate:
-            raise ConfigError(f"the tts worker at {self._client.base_url} speaks at {served} Hz, "
-                              f"not the {self.sample_rate} Hz configured")
+        ready = self._client.check_ready()
+        first = next(iter(ready.values())).get("sample_rate")
+        if self._expected_rate is None and isinstance(first, int) and first > 0:
+            self.sample_rate = first  # and every other replica must speak at it too
+        for url, body in ready.items():
+            if body.get("sample_rate") != self.sample_rate:
+                wanted = "configured" if self._expected_rate else f"of the worker at {self._client.urls[0]}"
+                raise ConfigError(f"the tts worker at {url} speaks at {body.get('sample_rate')} Hz, "
+                                  f"not the {self.sample_rate} Hz {wanted}")
 
-    async def synthesize(self, text: str) -> AsyncIterator[bytes]:
+    def synthesize(self, text: str) -> AsyncIterator[bytes]:
+        # When the sentence is wanted is read here, at the call, as the in-process runner does:
+        # the stream's generator runs later, outside the caller's `wanted_in`.
+        return self._synthesize(text, WANTED_BY.get())
+
+    async def _synthesize(self, text: str, wanted_by: float | None) -> AsyncIterator[bytes]:
         # HTTP cuts the stream anywhere; PCM16 consumers need whole samples, so an odd byte waits.
         carry = b""
-        pieces = self._client.stream("/v1/synthesize", json={"text": text})
+        pieces = self._client.stream("/v1/synthesize", wanted_by=wanted_by, json={"text": text})
         try:
             async for piece in pieces:
                 data = carry + piece

@@ -13,6 +13,7 @@ used and the wait cost no ASR time; if the caller goes on, it is dropped.
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import logging
 import time
 from collections.abc import AsyncGenerator
@@ -72,7 +73,9 @@ class _Speculation:
 
 class EngineSTTService(SegmentedSTTService):
     def __init__(self, engine: ASREngine, *, max_segment_seconds: float, clock=time.time,
-                 speculation_lead_s: float = 0.0, **kwargs) -> None:
+                 speculation_lead_s: float | None = 0.0, **kwargs) -> None:
+        """`speculation_lead_s`: when a guess made at a pause is wanted (the turn's end);
+        None leaves guesses in arrival order with every other request."""
         super().__init__(
             sample_rate=engine.sample_rate,
             trailing_silence_secs=0.0,
@@ -102,7 +105,8 @@ class EngineSTTService(SegmentedSTTService):
     async def _speculate(self, audio: bytes) -> Transcript:
         # Wanted when the pause would end the turn: a final transcript (another call's turn
         # that has ended) goes first if both wait for the engine.
-        with wanted_in(self._speculation_lead_s):
+        lead = self._speculation_lead_s
+        with wanted_in(lead) if lead is not None else contextlib.nullcontext():
             transcript = await self._engine.transcribe(audio)
         if is_plausible(transcript):
             # Retrieval starts on the guess now, so its passages are ready when the turn ends.

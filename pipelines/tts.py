@@ -9,6 +9,7 @@ a reply, and a slow later sentence is what leaves a hole mid-reply.
 
 from __future__ import annotations
 
+import contextlib
 import re
 import time
 from collections.abc import AsyncGenerator, Callable
@@ -67,7 +68,9 @@ class ReplyPlayout:
 
 class EngineTTSService(TTSService):
     def __init__(self, engine: TTSEngine, *, voice: str, model: str | None = None,
-                 clock: Callable[[], float] = time.monotonic, **kwargs) -> None:
+                 clock: Callable[[], float] = time.monotonic, schedule_by_playout: bool = True, **kwargs) -> None:
+        """`schedule_by_playout`: tell a shared engine when each sentence is wanted; False
+        leaves them in arrival order (the A/B baseline of `server.schedule: arrival`)."""
         super().__init__(
             push_start_frame=True,
             push_stop_frames=True,
@@ -80,6 +83,7 @@ class EngineTTSService(TTSService):
         # default sentence aggregator with one that also releases a reply's first phrase early.
         self._text_aggregator = FirstPhraseAggregator()
         self._playout = ReplyPlayout()
+        self._schedule_by_playout = schedule_by_playout
 
     def can_generate_metrics(self) -> bool:
         return True
@@ -95,7 +99,9 @@ class EngineTTSService(TTSService):
         requested = self._clock()
         # A shared engine serves the caller whose audio runs out first: this reply's first
         # sentence now, a later one when the sentences ahead of it have nearly played.
-        with wanted_in(self._playout.wanted_in(context_id, requested), clock=self._clock):
+        wanted = wanted_in(self._playout.wanted_in(context_id, requested), clock=self._clock) \
+            if self._schedule_by_playout else contextlib.nullcontext()
+        with wanted:
             chunks = self._engine.synthesize(self.prepare_text(text))
         first = True
         try:

@@ -72,8 +72,10 @@ def build_voice_call(
     enable_rtvi: bool = False,
 ) -> VoiceCall:
     """`search` finds passages in the agent's knowledge; None (or retrieval off) skips retrieval."""
+    by_wanted = config.server.schedule == "wanted-by"
     stt = EngineSTTService(engines.asr, max_segment_seconds=config.limits.max_user_turn_seconds,
-                           speculation_lead_s=max(0.0, agent.vad_stop_secs - agent.speculate_after_secs))
+                           speculation_lead_s=max(0.0, agent.vad_stop_secs - agent.speculate_after_secs)
+                           if by_wanted else None)
     vad = PauseAwareSileroVAD(
         params=VADParams(
             confidence=config.vad.confidence,
@@ -144,8 +146,10 @@ def build_voice_call(
 
 def tts_service(engine: TTSEngine, config: CadenceConfig, *, voice: str) -> EngineTTSService:
     """The agent's voice as a pipecat service: Orpheus (GPU) or the CPU voice."""
+    by_wanted = config.server.schedule == "wanted-by"
     if config.tts.engine == "orpheus":
         from models.orpheus.prompt import EMOTION_TAGS
 
-        return OrpheusTTSService(engine, voice=voice, model=config.tts.orpheus.model, emotion_tags=EMOTION_TAGS)
-    return EngineTTSService(engine, voice=voice)
+        return OrpheusTTSService(engine, voice=voice, model=config.tts.orpheus.model, emotion_tags=EMOTION_TAGS,
+                                 schedule_by_playout=by_wanted)
+    return EngineTTSService(engine, voice=voice, schedule_by_playout=by_wanted)

@@ -121,3 +121,14 @@ def test_report_writes_results_and_three_plots(tmp_path):
                                                 "ttfs_distribution.png", "ttfs_vs_callers.png"]
     for png in written[1:]:
         assert png.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n" and png.stat().st_size > 5000
+
+
+def test_the_started_servers_config_takes_the_benchs_settings_and_stays_valid(tmp_path):
+    from agent.config import load_config
+    from latency_bench.servers import DEFAULT_CONFIG, write_bench_config
+
+    path = write_bench_config(tmp_path, DEFAULT_CONFIG, max_calls=8, deployment="none", schedule="arrival")
+    config = load_config(path)
+    assert (config.server.max_concurrent_calls, config.server.schedule, config.deployment) == (8, "arrival", None)
+    assert config.store.path == str(tmp_path / "cadence-bench.sqlite3")
+    assert load_config(write_bench_config(tmp_path, DEFAULT_CONFIG, max_calls=1)).server.schedule == "wanted-by"

@@ -117,6 +117,19 @@ def test_requests_past_their_deadline_are_returned_as_expired_not_run():
     assert batch.items == ("undated", "fresh")  # due at 0.0 + 1 s of slack, before 5.0
 
 
+def test_when_an_answer_is_wanted_orders_it_but_never_refuses_it():
+    schedule = _schedule(max_batch=1, slack=1.0)
+    schedule.offer("third sentence, wanted in 2 s", now=0.0, wanted_by=2.0)
+    schedule.offer("routine, no time given", now=0.1)  # due at 1.1
+    schedule.offer("first sentence, wanted now", now=0.2, wanted_by=0.2)
+    schedule.offer("wanted late, but a deadline sooner", now=0.3, wanted_by=9.0, deadline=1.5)
+    batches = [schedule.take(5.0) for _ in range(4)]  # long past every wanted-by time
+    assert [b.items[0] for b in batches[:3]] == [
+        "first sentence, wanted now", "routine, no time given", "third sentence, wanted in 2 s"]
+    assert batches[0].expired == ("wanted late, but a deadline sooner",)  # the hard one, only
+    assert all(not b.expired for b in batches[1:3])
+
+
 @pytest.mark.parametrize("max_batch", [1, 2, 3, 4])
 def test_every_mix_of_deadlines_is_taken_in_deadline_then_arrival_order(max_batch):
     # Exhaustive over 4 requests x {no deadline, 0.5, 1.0 (= the slack), 3.0}, arrivals 0.0..0.3.

@@ -14,6 +14,7 @@ import pytest
 from latency_bench.servers import child, free_port
 from models.orpheus import FrameAssembler, prompt_ids
 from models.orpheus.build import byte_detokenizer, byte_tokenizer
+from models.orpheus.decode_service import SnacDecodeService
 from models.orpheus.engine import OrpheusTTSEngine
 from models.orpheus.snac_decoder import load_snac
 from models.orpheus.tiny_gguf import write_tiny_orpheus_gguf
@@ -66,7 +67,7 @@ async def test_audio_tokens_stream_from_llama_cpp_as_whole_well_formed_frames(ll
 
 async def test_the_orpheus_engine_speaks_from_llama_cpp(llama_cpp_server):
     engine = OrpheusTTSEngine(voice="tara", tokenize=byte_tokenizer, token_source=text_source(llama_cpp_server),
-                              load_decoder=lambda: load_snac(None), sampling=SAMPLING)
+                              codec=lambda: SnacDecodeService(load_snac(None)), sampling=SAMPLING)
     engine.load()
     try:
         pcm = b"".join([chunk async for chunk in engine.synthesize("Hello there.")])

@@ -251,3 +251,40 @@ def test_a_later_sentence_is_wanted_when_the_audio_ahead_of_it_runs_low():
     assert playout.wanted_in("reply-2", now=20.0) == 0.0  # a new reply starts over
     playout.audio("reply-1", 5.0, now=20.1)  # audio of a reply that is over counts for nothing
     assert playout.wanted_in("reply-2", now=20.2) == 0.0
+
+
+class _WantedRecordingTTS(ToneTTS):
+    """Records when each sentence was said to be wanted, read at the call as ModelRunner does."""
+
+    def __init__(self) -> None:
+        super().__init__(chunks=1)
+        self.wanted: list[float | None] = []
+
+    def synthesize(self, text: str):
+        from models.scheduling import WANTED_BY
+
+        self.wanted.append(WANTED_BY.get())
+        return super().synthesize(text)
+
+
+@pytest.mark.parametrize("by_playout", [True, False])
+async def test_sentences_say_when_they_are_wanted_unless_the_schedule_is_arrival(by_playout):
+    engine = _WantedRecordingTTS()
+    service = EngineTTSService(engine, voice="tone", clock=lambda: 50.0, schedule_by_playout=by_playout)
+    await run_test(service, frames_to_send=[TTSSpeakFrame("Hello there.")])
+    assert engine.wanted == ([50.0] if by_playout else [None])  # a reply's first sentence: wanted now
+
+
+def test_the_schedule_switch_reaches_the_voice_and_bad_values_are_refused(default_config, tmp_path):
+    from dataclasses import replace
+
+    from agent.config import load_config
+    from agent.errors import ConfigError
+    from pipelines.voice import tts_service
+
+    arrival = replace(default_config, server=replace(default_config.server, schedule="arrival"))
+    assert tts_service(ToneTTS(), arrival, voice="tone")._schedule_by_playout is False
+    assert tts_service(ToneTTS(), default_config, voice="tone")._schedule_by_playout is True
+    (tmp_path / "c.yaml").write_text("server: {schedule: fifo}\n")
+    with pytest.raises(ConfigError, match="server.schedule must be one of wanted-by, arrival"):
+        load_config(tmp_path / "c.yaml")

@@ -431,7 +431,8 @@ def test_serve_worker_takes_its_settings_from_flags_or_the_deployment_file():
 
 
 @pytest.mark.parametrize("argv", [
-    ["--engine", "snac", "--port", "1"],  # not one of ours
+    ["--engine", "vllm", "--port", "1"],  # not one of ours
+    ["--engine", "snac", "--precision", "fp16", "--port", "1"],  # SNAC decodes in fp32
     ["--engine", "piper", "--role", "asr", "--port", "1"],
     ["--deployment", "x.yaml", "--port", "1"],  # without --worker
     ["--port", "1"],
@@ -441,3 +442,41 @@ def test_serve_worker_refuses_what_it_cannot_serve(argv):
 
     with pytest.raises((ConfigError, SystemExit)):
         parse_args(argv)
+
+
+# --- when an answer is wanted ----------------------------------------------------------------
+
+async def test_when_the_pipeline_wants_an_answer_reaches_the_workers_queue_for_calls_and_streams():
+    import time
+
+    from models.scheduling import wanted_in
+    from workers.batcher import REQUEST_WANTED_BY
+
+    seen: list[float | None] = []
+
+    class WantedASR(GatedASR):
+        async def transcribe(self, pcm16: bytes, *, prompt: str | None = None):
+            seen.append(REQUEST_WANTED_BY.get())
+            return await super().transcribe(pcm16, prompt=prompt)
+
+    class WantedTTS(ScriptedTTS):
+        async def synthesize(self, text: str):
+            seen.append(REQUEST_WANTED_BY.get())
+            async for chunk in super().synthesize(text):
+                yield chunk
+
+    async with serving(_app(WantedASR(), "asr")) as asr_url, serving(_app(WantedTTS(), "tts")) as tts_url:
+        asr, tts = RemoteASREngine(asr_url), RemoteTTSEngine(tts_url, sample_rate=8_000)
+        try:
+            asked_at = time.monotonic()
+            with wanted_in(2.0):
+                await asr.transcribe(b"\x01\x00" * 160)
+                sentence = tts.synthesize("A later sentence.")  # its generator runs outside the block
+            audio = b"".join([chunk async for chunk in sentence])
+            await asr.transcribe(b"\x01\x00" * 160)  # nothing said: arrival order at the worker
+        finally:
+            await asr.close()
+            await tts.close()
+    assert audio and seen[2] is None
+    for wanted_by in seen[:2]:
+        assert wanted_by is not None and asked_at + 1.8 < wanted_by < asked_at + 2.2

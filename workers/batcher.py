@@ -1,6 +1,8 @@
 """One dynamic batcher for every engine that batches.
 
-Requests wait in a bounded set ordered by deadline (earliest first). A batch fires when
+Requests wait in a bounded set ordered by when they are due, earliest first: when the
+answer is wanted (soft: X-Wanted-By-Ms, a later sentence of a reply) or its deadline
+(hard: X-Deadline-Ms), whichever comes first; arrival + `default_slack_s` for neither. A batch fires when
 `max_batch` requests wait, or when the oldest has waited `timeout_s`; it runs on a worker
 thread, one batch at a time (no in-flight batching: the next batch forms while this one runs).
 
@@ -48,6 +50,9 @@ CLOSE_WAIT_S = 10.0  # how long close() waits for a running batch before giving 
 # The deadline of the request being served, on time.monotonic's scale, set by the worker
 # server from X-Deadline-Ms; batching engines pass it to submit(). None: no deadline.
 REQUEST_DEADLINE: ContextVar[float | None] = ContextVar("cadence_request_deadline", default=None)
+# When the answer is wanted, on the same scale, from X-Wanted-By-Ms: orders the request
+# only; it is served late rather than refused once that time has passed. None: not said.
+REQUEST_WANTED_BY: ContextVar[float | None] = ContextVar("cadence_request_wanted_by", default=None)
 
 
 @dataclass(frozen=True)
@@ -91,12 +96,14 @@ class BatchSchedule(Generic[T]):
     def waiting(self) -> int:
         return len(self._waiting)
 
-    def offer(self, item: T, *, now: float, deadline: float | None = None) -> int:
-        """Admits a request; returns its ticket. Raises CapacityError when the queue is full."""
+    def offer(self, item: T, *, now: float, deadline: float | None = None, wanted_by: float | None = None) -> int:
+        """Admits a request; returns its ticket. Raises CapacityError when the queue is full.
+        `deadline`: refused once past it; `wanted_by`: ordering only."""
         if len(self._waiting) >= self.policy.max_pending:
             raise CapacityError(f"{len(self._waiting)} requests are waiting for a batch (the bound); retry later")
         ticket = next(self._tickets)
-        due_at = deadline if deadline is not None else now + self.policy.default_slack_s
+        said = [t for t in (deadline, wanted_by) if t is not None]
+        due_at = min(said) if said else now + self.policy.default_slack_s
         self._waiting[ticket] = _Waiting(due_at, ticket, now, deadline, item)
         return ticket
 
@@ -205,7 +212,7 @@ class DynamicBatcher(Generic[Req, Res]):
         if deadline is None:
             deadline = REQUEST_DEADLINE.get()
         pending = _Request(request, asyncio.get_running_loop().create_future())
-        ticket = self._schedule.offer(pending, now=self._clock(), deadline=deadline)
+        ticket = self._schedule.offer(pending, now=self._clock(), deadline=deadline, wanted_by=REQUEST_WANTED_BY.get())
         self._poke()
         try:
             return await pending.future

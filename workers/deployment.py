@@ -29,7 +29,6 @@ ENGINE_ROLES: dict[str, tuple[str, ...]] = {
     "trtllm-serve": ("llm", "tts"),
     "faster-whisper": ("asr",),
     "piper": ("tts",),
-    "orpheus": ("tts", "codec"),
     "snac": ("codec",),
     "minilm-onnx": ("embedder",),
 }

@@ -16,7 +16,7 @@ from models.errors import ConfigError
 from workers.deployment import WorkerSpec
 
 # Cadence's own workers: one process around an engine in models/, started from the deployment file.
-OWN_ENGINES = ("faster-whisper", "piper", "orpheus", "snac", "minilm-onnx")
+OWN_ENGINES = ("faster-whisper", "piper", "snac", "minilm-onnx")
 # vLLM's --gpu-memory-utilization never above this: the CUDA context and the allocator's
 # fragmentation live outside what vLLM counts.
 MAX_GPU_MEMORY_FRACTION = 0.95

@@ -13,7 +13,9 @@ well override the file):
 The device comes from the environment the supervisor sets (CUDA_VISIBLE_DEVICES pins one
 GPU or MIG slice): `--device cuda` uses whatever CUDA shows this process.
 Engines: faster-whisper (asr, batched across calls), minilm-onnx (embedder, batched),
-piper (tts, one synthesis at a time: Piper has no batch path).
+piper (tts, one synthesis at a time: Piper has no batch path), snac (codec: Orpheus' codes
+to audio, every stream's steps batched; --model random gives random weights of the real
+architecture, for tests).
 """
 
 from __future__ import annotations
@@ -27,7 +29,7 @@ from models.base import Engine
 from models.errors import ConfigError
 from workers.batcher import BatchPolicy
 
-ENGINE_ROLES = {"faster-whisper": "asr", "minilm-onnx": "embedder", "piper": "tts"}
+ENGINE_ROLES = {"faster-whisper": "asr", "minilm-onnx": "embedder", "piper": "tts", "snac": "codec"}
 # CTranslate2 compute types for the deployment's weight precision, on CPU and on CUDA.
 _WHISPER_COMPUTE = {"int8": ("int8", "int8_float16"), "fp16": ("float32", "float16"),
                     "bf16": ("float32", "bfloat16"), "fp32": ("float32", "float32")}
@@ -59,6 +61,9 @@ class WorkerArgs:
             raise ConfigError(f"device must be cpu or cuda, not {self.device!r}")
         if self.precision is not None and self.precision not in _WHISPER_COMPUTE:
             raise ConfigError(f"precision must be one of {', '.join(_WHISPER_COMPUTE)}, not {self.precision!r}")
+        if self.engine == "snac" and self.precision not in (None, "fp32"):
+            raise ConfigError(f"snac decodes in fp32 (its noise and upsampling are precision-sensitive), "
+                              f"not {self.precision}")
 
     @property
     def served_role(self) -> str:
@@ -88,10 +93,25 @@ def build_engine(args: WorkerArgs) -> Engine:
         embedder = build_embedder(EmbeddingOptions(engine="onnx", model=args.model, device=args.device,
                                                    threads=args.threads))
         return BatchedEmbedder(embedder, args.policy())
+    if args.engine == "snac":
+        return _snac_codec(args)
     from models.piper_tts import PiperOptions, PiperTTSEngine
 
     options = PiperOptions() if not args.model else PiperOptions(voice=args.model)
     return PiperTTSEngine(options, max_waiting=args.max_in_flight)
+
+
+def _snac_codec(args: WorkerArgs) -> Engine:
+    from models.orpheus.codec_engine import SnacCodecEngine
+    from models.orpheus.decode_service import DecodeServiceConfig
+    from models.orpheus.snac_decoder import load_snac
+    from workers.batcher import BatchRecord
+
+    source = None if args.model in (None, "random") else args.model
+    config = DecodeServiceConfig(max_batch=args.max_batch, batch_timeout_ms=args.batch_timeout_ms,
+                                 max_pending=args.max_pending, threads=args.threads if args.device == "cpu" else 0)
+    return SnacCodecEngine(lambda: load_snac(source, device=args.device), config,
+                           batch_record=BatchRecord(args.max_batch))
 
 
 def parse_args(argv: Sequence[str] | None = None) -> tuple[WorkerArgs, str]:

@@ -9,10 +9,12 @@
                           "vectors_b64": base64 of float32 little-endian, row-major (n, d)}
     POST /v1/synthesize   tts: JSON {"text": ...} -> streamed application/octet-stream PCM16,
                           header X-Sample-Rate
+    WS   /v1/codec/stream codec: one SNAC stream per connection (workers/codec_routes.py)
 
 Request headers: X-Request-Id (echoed in the answer and logs; generated when absent or odd),
 X-Deadline-Ms (milliseconds the client can still wait: orders the batch queue, and past it
-the answer is 504; for a synthesis, until its first chunk). Errors are JSON {"error", "retryable", "request_id"}: 4xx for bad input,
+the answer is 504; for a synthesis, until its first chunk), X-Wanted-By-Ms (milliseconds
+until the answer is needed: orders the batch queue only, e.g. a reply's later sentence). Errors are JSON {"error", "retryable", "request_id"}: 4xx for bad input,
 naming the problem; 503 + Retry-After when full or still loading; 504 past the deadline; 500
 when the engine fails (the worker keeps serving). A client that disconnects cancels its
 engine call, or closes its synthesis stream. The app owns the engine: it loads it in the
@@ -39,18 +41,18 @@ from starlette.applications import Starlette
 from starlette.exceptions import HTTPException
 from starlette.requests import Request
 from starlette.responses import JSONResponse, Response
-from starlette.routing import Route
+from starlette.routing import BaseRoute, Route
 
 from models.base import ASREngine, EmbeddingEngine, Engine, TTSEngine
 from models.errors import CapacityError, WorkerUnavailableError
-from workers.batcher import REQUEST_DEADLINE, BatchRecord
+from workers.batcher import REQUEST_DEADLINE, REQUEST_WANTED_BY, BatchRecord
 from workers.pcm_stream import CLIENT_CLOSED_REQUEST, PcmStream, close_quietly, wait_for_disconnect
 from workers.worker_metrics import WorkerMetrics
 
 log = logging.getLogger(__name__)
 
 T = TypeVar("T")
-ROLES = {"asr": ASREngine, "embedder": EmbeddingEngine, "tts": TTSEngine}
+ROLES = {"asr": ASREngine, "embedder": EmbeddingEngine, "tts": TTSEngine, "codec": Engine}  # codec: codec_routes checks
 PCM16_BYTES_PER_SECOND = 16_000 * 2  # the ASR input: 16-bit mono at 16 kHz
 RETRY_AFTER_S = "1"  # a full worker frees a slot within a turn's time
 _REQUEST_ID = re.compile(r"^[A-Za-z0-9._:-]{1,64}$")  # anything else is replaced, not logged
@@ -64,10 +66,12 @@ class WorkerLimits:
     max_text_chars: int = 8192  # embedder and tts: longest single text; longer is 413
     max_json_bytes: int = 4 << 20  # embedder and tts: largest JSON body; larger is 413
     load_wait_s: float = 30.0  # at shutdown, how long a load still running is waited for
+    max_codec_frames: int = 64  # codec: most frames in one request (~5.5 s of audio); more is refused
+    codec_idle_s: float = 30.0  # codec: a stream silent this long is closed, freeing its slot
 
     def __post_init__(self) -> None:
         if min(self.max_audio_seconds, self.max_prompt_chars, self.max_texts, self.max_text_chars,
-               self.max_json_bytes) <= 0 or self.load_wait_s < 0:
+               self.max_json_bytes, self.max_codec_frames, self.codec_idle_s) <= 0 or self.load_wait_s < 0:
             raise ValueError("worker limits must be > 0")
 
 
@@ -95,11 +99,17 @@ def build_worker_app(engine: Engine, *, role: str, name: str, max_in_flight: int
     if max_in_flight < 1:
         raise ValueError("max_in_flight must be >= 1")
     worker = _Worker(engine, role, name, max_in_flight, limits, clock, loaded, on_load_failure)
-    handlers = {"asr": ("/v1/transcribe", worker.transcribe), "embedder": ("/v1/embed", worker.embed),
-                "tts": ("/v1/synthesize", worker.synthesize)}
-    path, handler = handlers[role]
-    routes = [Route("/healthz", worker.healthz), Route("/readyz", worker.readyz), Route("/metrics", worker.metrics_text),
-              Route(path, worker.admit(path, handler), methods=["POST"])]
+    routes: list[BaseRoute] = [Route("/healthz", worker.healthz), Route("/readyz", worker.readyz),
+                               Route("/metrics", worker.metrics_text)]
+    if role == "codec":
+        from workers.codec_routes import codec_routes  # torch only where a codec is served
+
+        routes += codec_routes(worker)
+    else:
+        handlers = {"asr": ("/v1/transcribe", worker.transcribe), "embedder": ("/v1/embed", worker.embed),
+                    "tts": ("/v1/synthesize", worker.synthesize)}
+        path, handler = handlers[role]
+        routes.append(Route(path, worker.admit(path, handler), methods=["POST"]))
     app = Starlette(routes=routes, lifespan=worker.lifespan, exception_handlers={HTTPException: _http_exception})
     app.state.worker = worker
     return app
@@ -112,7 +122,7 @@ class _Worker:
         self.engine, self.role, self.name = engine, role, name
         self.max_in_flight = max_in_flight
         self.limits = limits
-        self._clock = clock
+        self._clock = self.clock = clock
         self.ready = loaded
         self.became_ready = asyncio.Event()  # set once the engine is loaded and warmed
         if loaded:
@@ -172,6 +182,8 @@ class _Worker:
             body["sample_rate"] = self.engine.sample_rate
         if isinstance(self.engine, EmbeddingEngine):
             body["dimensions"] = self.engine.dimensions
+        if self.role == "codec":
+            body.update(self.engine.stream_facts())  # type: ignore[attr-defined]
         return JSONResponse(body)
 
     async def metrics_text(self, _request: Request) -> Response:
@@ -223,6 +235,16 @@ class _Worker:
             raise HTTPProblem(504, "X-Deadline-Ms left no time to do the work", retryable=True)
         return now + budget_ms / 1000.0
 
+    def _wanted_by(self, request: Request) -> float | None:
+        """X-Wanted-By-Ms on the batcher's clock; a value that is not a number >= 0 is ignored
+        (it only orders the queue: a bad one must not cost the caller its answer)."""
+        raw = request.headers.get("x-wanted-by-ms")
+        try:
+            wanted_ms = float(raw) if raw is not None else None
+        except ValueError:
+            return None
+        return self._clock() + wanted_ms / 1000.0 if wanted_ms is not None and wanted_ms >= 0 else None
+
     def _refuse_when_full(self) -> None:
         if not self.ready:
             raise HTTPProblem(503, f"worker {self.name} is not ready: {self.load_error or 'loading the engine'}",
@@ -249,6 +271,7 @@ class _Worker:
         """Runs one engine call; cancels it when the client disconnects or the deadline passes."""
         context = contextvars.copy_context()
         context.run(REQUEST_DEADLINE.set, deadline)  # read by a batching engine's submit()
+        context.run(REQUEST_WANTED_BY.set, self._wanted_by(request))
         call = asyncio.create_task(make_call(), context=context)
         gone = asyncio.create_task(wait_for_disconnect(request.receive))
         timeout = None if deadline is None else max(0.0, deadline - self._clock())

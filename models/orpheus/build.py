@@ -3,14 +3,15 @@
 from __future__ import annotations
 
 import logging
-from collections.abc import AsyncIterator, Callable
+from collections.abc import AsyncIterator, Callable, Sequence
 
 import numpy as np
 import soxr
 
 from models.errors import CadenceError, ConfigError
 from models.base import TTSEngine
-from models.orpheus.decode_service import DecodeServiceConfig
+from models.orpheus.codec import SnacCodec
+from models.orpheus.decode_service import DecodeServiceConfig, SnacDecodeService
 from models.orpheus.engine import OrpheusTTSEngine
 from models.orpheus.options import OrpheusOptions
 from models.orpheus.prompt import EMOTION_TAGS
@@ -40,7 +41,10 @@ def hub_tokenizer(name: str) -> tuple[Callable[[str], list[int]], Callable[[list
     return (lambda text: tokenizer(text).input_ids), (lambda ids: tokenizer.decode(ids))
 
 
-def build_orpheus(config: OrpheusOptions, *, fallback: TTSEngine | None = None) -> TTSEngine:
+def build_orpheus(config: OrpheusOptions, *, fallback: TTSEngine | None = None,
+                  codec_urls: Sequence[str] = ()) -> TTSEngine:
+    """`codec_urls`: the codec worker's replicas (a deployment's codec worker); they win
+    over `config.codec`."""
     tokenize, decode = (byte_tokenizer, byte_detokenizer) if config.tokenizer == "bytes" \
         else hub_tokenizer(config.tokenizer)
     if config.token_source == "in-process":
@@ -54,13 +58,27 @@ def build_orpheus(config: OrpheusOptions, *, fallback: TTSEngine | None = None) 
         raise ConfigError(f"tts.orpheus.token_source {config.token_source!r}: use in-process or an http(s) URL")
     engine = OrpheusTTSEngine(
         voice=config.voice, tokenize=tokenize, token_source=source,
-        load_decoder=lambda: load_snac(None if config.snac == "random" else config.snac, device=config.device),
-        service_config=DecodeServiceConfig(max_batch=config.max_batch, batch_timeout_ms=config.batch_timeout_ms,
-                                           compile=config.compile),
+        codec=codec_builder(config, codec_urls),
         sampling=OrpheusSampling(temperature=config.temperature, top_p=config.top_p,
                                  repetition_penalty=config.repetition_penalty, max_tokens=config.max_tokens),
     )
     return engine if fallback is None else FallbackTTSEngine(engine, fallback)
+
+
+def codec_builder(config: OrpheusOptions, urls: Sequence[str] = ()) -> Callable[[], SnacCodec]:
+    """What the engine's load() calls: the decoder here, or a client of the codec worker."""
+    if not urls and config.codec != "in-process":
+        if not config.codec.startswith(("http://", "https://")):
+            raise ConfigError(f"tts.orpheus.codec {config.codec!r}: use in-process or a codec worker's http(s) URL")
+        urls = (config.codec,)
+    if urls:
+        from models.orpheus.remote_codec import RemoteSnacCodec
+
+        return lambda: RemoteSnacCodec(urls).load()
+    service = DecodeServiceConfig(max_batch=config.max_batch, batch_timeout_ms=config.batch_timeout_ms,
+                                  compile=config.compile)
+    return lambda: SnacDecodeService(load_snac(None if config.snac == "random" else config.snac,
+                                               device=config.device), service)
 
 
 def without_emotion_tags(text: str) -> str:

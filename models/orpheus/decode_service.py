@@ -71,8 +71,11 @@ class DecodeStats:
 
 class SnacDecodeService:
     def __init__(self, decoder: SnacDecoder, config: DecodeServiceConfig = DecodeServiceConfig(),
-                 *, clock: Callable[[], float] = time.monotonic) -> None:
+                 *, clock: Callable[[], float] = time.monotonic,
+                 on_batch: Callable[[int], None] | None = None) -> None:
+        """`on_batch`: told each forward pass's size (a worker's batch-size histogram)."""
         self._decoder = decoder
+        self._on_batch = on_batch
         self._config = config
         self._clock = clock
         self._queue: asyncio.Queue[_Request] | None = None
@@ -100,6 +103,10 @@ class SnacDecodeService:
     @property
     def queue_depth(self) -> int:
         return self._queue.qsize() if self._queue else 0
+
+    @property
+    def batch_size(self) -> int | None:
+        return self.stats.batch_sizes[-1] if self.stats.batch_sizes else None
 
     async def start(self) -> None:
         """Idempotent, and safe when many calls' first sentences arrive at once. The batcher
@@ -232,6 +239,8 @@ class SnacDecodeService:
                         request.future.set_exception(exc)
                 continue
             self.stats.record(len(group), self._clock() - started)
+            if self._on_batch is not None:
+                self._on_batch(len(group))
             for request, samples in zip(group, audio):
                 if not request.future.done():
                     request.future.set_result(samples)

@@ -1,5 +1,6 @@
 """Orpheus as a `TTSEngine`: text -> prompt ids -> audio tokens (a token source) -> SNAC
-stream steps (the shared decode service) -> 24 kHz PCM, streamed while generation runs.
+stream steps (the shared codec: a decode service here, or a codec worker) -> 24 kHz PCM,
+streamed while generation runs.
 
 One stream's steps run in order (each moves its decoder state on); steps of different
 streams meet in the decode service's batches.
@@ -13,8 +14,7 @@ from typing import Protocol
 import numpy as np
 
 from models.base import TTSEngine
-from models.orpheus.decode_service import DecodeServiceConfig, SnacDecodeService
-from models.orpheus.snac_decoder import SnacDecoder
+from models.orpheus.codec import SnacCodec
 from models.orpheus.prompt import prompt_ids
 from models.orpheus.streaming import StreamPlan, stream_audio
 from models.orpheus.token_source import OrpheusSampling
@@ -37,20 +37,21 @@ class OrpheusTTSEngine(TTSEngine):
     sample_rate = SAMPLE_RATE
 
     def __init__(self, *, voice: str, tokenize: Callable[[str], list[int]], token_source: TokenSource,
-                 load_decoder: Callable[[], SnacDecoder], service_config: DecodeServiceConfig = DecodeServiceConfig(),
-                 sampling: OrpheusSampling = OrpheusSampling(), plan: StreamPlan = StreamPlan()) -> None:
+                 codec: Callable[[], SnacCodec], sampling: OrpheusSampling = OrpheusSampling(),
+                 plan: StreamPlan = StreamPlan()) -> None:
+        """`codec`: builds the codec at load() (blocking: weights, or a worker's readiness)."""
         self._voice = voice
         self._tokenize = tokenize
         self._source = token_source
-        self._load_decoder = load_decoder
-        self._service_config = service_config
-        self._service: SnacDecodeService | None = None
+        self._make_codec = codec
+        self._service: SnacCodec | None = None
         self._sampling = sampling
         self._plan = plan
 
     def load(self) -> None:
-        """Blocking: builds the SNAC decoder (hub weights, or random ones for tests)."""
-        self._service = SnacDecodeService(self._load_decoder(), self._service_config)
+        """Blocking: builds the SNAC decoder (hub weights, or random ones for tests), or
+        checks the codec worker is ready."""
+        self._service = self._make_codec()
 
     def warm_up(self) -> None:
         assert self._service is not None, "load() first"
@@ -59,6 +60,10 @@ class OrpheusTTSEngine(TTSEngine):
     @property
     def queue_depth(self) -> int:
         return self._service.queue_depth if self._service else 0
+
+    @property
+    def batch_size(self) -> int | None:
+        return self._service.batch_size if self._service else None
 
     async def synthesize(self, text: str) -> AsyncIterator[bytes]:
         if self._service is None:

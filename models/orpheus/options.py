@@ -22,6 +22,9 @@ class OrpheusOptions:
     # "bytes" (the in-process source's own), or Orpheus' tokenizer: a hub id or folder (transformers)
     tokenizer: str = "bytes"
     snac: str = "random"  # "random" (tests), "hubertsiuzdak/snac_24khz", or a local folder
+    # "in-process" (the decode service in this server, on `device`), or the base URL of a
+    # codec worker (workers.serve_worker --engine snac), e.g. http://snac:8080
+    codec: str = "in-process"
     device: str = "cpu"
     temperature: float = 0.6
     top_p: float = 0.8

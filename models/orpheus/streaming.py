@@ -29,7 +29,7 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from models.orpheus.decode_service import SnacDecodeService
+from models.orpheus.codec import SnacCodec
 from models.orpheus.snac_stream import frames_for_exact_audio_past
 from models.orpheus.tokens import FRAME_TOKENS, SAMPLE_RATE, SAMPLES_PER_FRAME, FrameAssembler
 
@@ -68,7 +68,7 @@ class StreamStats:
     frames_for_first_audio: int | None = None  # frames the first audio waited for (tokens to first audio / 7)
 
 
-async def stream_audio(tokens: AsyncIterator[list[int]], service: SnacDecodeService, plan: StreamPlan = StreamPlan(),
+async def stream_audio(tokens: AsyncIterator[list[int]], service: SnacCodec, plan: StreamPlan = StreamPlan(),
                        *, clock: Callable[[], float] = time.monotonic,
                        stats: StreamStats | None = None) -> AsyncIterator[np.ndarray]:
     """Token chunks in, float audio chunks out: every frame exactly once, in order.

@@ -1,0 +1,311 @@
+"""A worker's replicas share the load: the replica policy (models/replicas.py) without I/O,
+then the remote engines and the LLM client against several real servers on loopback (the
+workers of tests/test_worker_server.py, and fake OpenAI chat servers), then the model plane
+handing every replica's URL to the engines."""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import json
+import os
+import subprocess
+import sys
+from dataclasses import replace
+from pathlib import Path
+
+import httpx
+import numpy as np
+import pytest
+import yaml
+from starlette.applications import Starlette
+from starlette.requests import Request
+from starlette.responses import JSONResponse, StreamingResponse
+from starlette.routing import Route
+
+from agent import engine_factory
+from agent.model_plane import Endpoint, model_plane_for
+from models.errors import CapacityError, ConfigError, WorkerUnavailableError
+from models.openai_chat import OpenAIChatLLMEngine, OpenAIChatOptions
+from models.remote import RemoteASREngine, RemoteEmbeddingEngine, RemoteTTSEngine, replica_urls
+from models.replicas import ReplicaSet, stable_index
+from tests.fakes_workers import GatedASR, GatedEmbedder, ScriptedTTS, fake_vector
+from tests.test_worker_server import WAIT_S, _app, serving, until
+
+A, B, C = "http://a:1", "http://b:1", "http://c:1"
+ROOT = Path(__file__).resolve().parent.parent
+
+
+class FakeClock:
+    def __init__(self) -> None:
+        self.now = 1000.0
+
+    def __call__(self) -> float:
+        return self.now
+
+
+# --- the policy, pure -------------------------------------------------------------------------
+
+def test_a_request_goes_to_the_replica_with_the_fewest_in_flight():
+    replicas = ReplicaSet([A, B, C])
+    for url in (A, A, B):
+        replicas.started(url)
+    assert replicas.pick() == C
+    replicas.started(C)
+    assert replicas.pick() == B  # A has 2, B and C 1: B is next after C in the round
+    replicas.finished(A)
+    replicas.finished(A)
+    assert replicas.pick() == A
+    assert replicas.in_flight == 2 and replicas.in_flight_at(B) == 1
+
+
+def test_equally_loaded_replicas_take_turns():
+    replicas = ReplicaSet([A, B, C])
+    assert [replicas.pick() for _ in range(7)] == [A, B, C, A, B, C, A]
+
+
+def test_a_replica_that_refused_cools_off_then_comes_back():
+    clock = FakeClock()
+    replicas = ReplicaSet([A, B], cool_off_s=2.0, clock=clock)
+    replicas.mark_down(A)
+    assert [replicas.pick() for _ in range(3)] == [B, B, B]
+    assert replicas.alternative(B) is None  # A is cooling off: no one to retry on
+    clock.now += 1.999
+    assert replicas.is_down(A) and replicas.pick() == B
+    clock.now += 0.001
+    assert not replicas.is_down(A)
+    assert replicas.alternative(B) == A
+    assert {replicas.pick(), replicas.pick()} == {A, B}
+
+
+def test_when_every_replica_cools_off_the_least_loaded_is_still_tried():
+    clock = FakeClock()
+    replicas = ReplicaSet([A, B], clock=clock)
+    replicas.mark_down(A)
+    replicas.mark_down(B)
+    replicas.started(A)
+    assert replicas.pick() == B
+    alone = ReplicaSet([A], clock=clock)
+    alone.mark_down(A)
+    assert alone.pick() == A and alone.alternative(A) is None
+
+
+def test_a_conversation_stays_home_unless_home_is_down_or_busier_than_its_share():
+    clock = FakeClock()
+    replicas = ReplicaSet([A, B, C], clock=clock)
+    key = "conversation 1"
+    home = replicas.pick_for(key, busy_at=2)
+    assert [replicas.pick_for(key, busy_at=2) for _ in range(5)] == [home] * 5
+    others = [url for url in (A, B, C) if url != home]
+    replicas.started(home)
+    assert replicas.pick_for(key, busy_at=2) == home  # below its share
+    replicas.started(home)
+    assert replicas.pick_for(key, busy_at=2) in others  # at its share while the others are idle
+    for url in others:
+        replicas.started(url)
+        replicas.started(url)
+    assert replicas.pick_for(key, busy_at=2) == home  # busy, but nobody has fewer
+    replicas.mark_down(home)
+    assert replicas.pick_for(key, busy_at=2) in others
+
+
+def test_different_conversations_spread_over_the_replicas():
+    replicas = ReplicaSet([A, B, C])
+    homes = [replicas.pick_for(f"conversation {i}", busy_at=10) for i in range(60)]
+    assert {url: homes.count(url) > 10 for url in (A, B, C)} == {A: True, B: True, C: True}
+
+
+def test_the_home_of_a_key_is_the_same_in_every_process():
+    script = "from models.replicas import stable_index; print([stable_index(f'k{i}', 7) for i in range(20)])"
+    runs = [subprocess.run([sys.executable, "-c", script], cwd=ROOT, capture_output=True, text=True, check=True,
+                           env={**os.environ, "PYTHONHASHSEED": seed}).stdout for seed in ("1", "2")]
+    assert runs[0] == runs[1] == f"{[stable_index(f'k{i}', 7) for i in range(20)]}\n"
+
+
+def test_replica_urls_are_checked():
+    assert replica_urls("http://a:1/", "asr") == ("http://a:1",)
+    assert replica_urls([A, B], "asr") == (A, B)
+    for bad, words in [([], "at least one"), ([A, A + "/"], "repeat"), (["a:1"], "http://")]:
+        with pytest.raises(ConfigError, match=words):
+            replica_urls(bad, "asr")
+    with pytest.raises(ConfigError, match="repeat"):
+        OpenAIChatOptions(A, replica_urls=(B, A))
+    with pytest.raises(ConfigError, match="http://"):
+        OpenAIChatOptions(A, replica_urls=("b:1",))
+    assert OpenAIChatOptions(A, replica_urls=(B,)).urls == (A, B)
+
+
+# --- remote engines over two real workers -----------------------------------------------------
+
+async def test_concurrent_transcriptions_split_over_both_replicas(default_config):
+    first, second = GatedASR(), GatedASR()
+    first.gate.clear()
+    second.gate.clear()
+    async with serving(_app(first, "asr")) as url_1, serving(_app(second, "asr")) as url_2:
+        remote = engine_factory.build_asr(default_config, Endpoint("asr", "faster-whisper", (url_1, url_2), None, 8))
+        await asyncio.to_thread(remote.load)  # both ready and serving asr
+        calls = [asyncio.create_task(remote.transcribe(b"\x00\x01" * n)) for n in (1, 2, 3, 4)]
+        await until(lambda: len(first.prompts) + len(second.prompts) == 4)
+        assert (len(first.prompts), len(second.prompts), remote.queue_depth) == (2, 2, 4)
+        first.gate.set()
+        second.gate.set()
+        assert [t.text for t in await asyncio.gather(*calls)] == ["1 samples", "2 samples", "3 samples", "4 samples"]
+        assert remote.queue_depth == 0
+        await remote.close()
+
+
+class BrokenASR(GatedASR):
+    def load(self) -> None:
+        raise OSError("weights missing")
+
+
+async def test_load_checks_every_replica_and_names_the_one_that_fails():
+    broken = _app(BrokenASR(), "asr", loaded=False, on_load_failure=lambda exc: None)
+    async with serving(_app(GatedASR(), "asr")) as asr_url, serving(_app(ScriptedTTS(), "tts")) as tts_url, \
+            serving(broken) as broken_url:
+        wrong_role = RemoteASREngine([asr_url, tts_url])
+        with pytest.raises(ConfigError, match=f"worker at {tts_url} serves 'tts'"):
+            await asyncio.to_thread(wrong_role.load)
+        not_ready = RemoteASREngine([asr_url, broken_url])
+        with pytest.raises(WorkerUnavailableError, match=f"worker at {broken_url} is not ready"):
+            await asyncio.to_thread(not_ready.load)
+        for remote in (wrong_role, not_ready):
+            await remote.close()
+
+
+async def test_a_stopped_replica_is_skipped_and_its_requests_go_to_the_other():
+    stopped, alive = GatedASR(), GatedASR()
+    async with serving(_app(alive, "asr")) as alive_url:
+        async with serving(_app(stopped, "asr")) as stopped_url:
+            remote = RemoteASREngine([stopped_url, alive_url])
+            await asyncio.gather(*(remote.transcribe(b"\x00\x01") for _ in range(2)))  # a connection to each
+            assert (len(stopped.prompts), len(alive.prompts)) == (1, 1)
+        # The first of these picks the stopped replica (its turn), is refused, and goes on to the other.
+        texts = [(await remote.transcribe(b"\x00\x01" * n)).text for n in (1, 2, 3)]
+        assert texts == ["1 samples", "2 samples", "3 samples"]
+        assert (len(stopped.prompts), len(alive.prompts)) == (1, 4)
+        assert remote._client.replicas.is_down(stopped_url) and remote.queue_depth == 0
+        await remote.close()
+
+
+async def test_a_synthesis_and_a_blocking_embedding_go_to_the_replica_that_is_up():
+    tts, embedder = ScriptedTTS([b"\x01\x02"]), GatedEmbedder(dimensions=4)
+    embedder.load()
+    async with serving(_app(tts, "tts")) as tts_url, serving(_app(embedder, "embedder")) as embed_url:
+        async with serving(_app(ScriptedTTS(), "tts")) as gone_tts, \
+                serving(_app(GatedEmbedder(), "embedder")) as gone_embed:
+            pass  # served once, stopped: their ports now refuse connections
+        speaker = RemoteTTSEngine([gone_tts, tts_url], sample_rate=ScriptedTTS.sample_rate)
+        assert [chunk async for chunk in speaker.synthesize("Hello.")] == [b"\x01\x02"]
+        indexer = RemoteEmbeddingEngine([gone_embed, embed_url], 4)
+        vectors = await asyncio.to_thread(indexer.embed_blocking, ["a text"])
+        np.testing.assert_array_equal(vectors, fake_vector("a text", 4)[None, :])
+        assert embedder.calls == [["a text"]]
+        for remote in (speaker, indexer):
+            await remote.close()
+
+
+async def test_a_full_replica_passes_the_request_to_the_other_once():
+    full, free = GatedASR(), GatedASR()
+    full.gate.clear()
+    async with serving(_app(full, "asr", max_in_flight=1)) as full_url, \
+            serving(_app(free, "asr", max_in_flight=1)) as free_url, httpx.AsyncClient(base_url=full_url) as http:
+        held = asyncio.create_task(http.post("/v1/transcribe", content=b"\x00\x01"))  # someone else's request
+        await asyncio.wait_for(full.entered.wait(), WAIT_S)
+        remote = RemoteASREngine([full_url, free_url])  # its first pick is full_url
+        assert (await remote.transcribe(b"\x00\x01" * 5)).text == "5 samples"
+        assert free.prompts == [None] and not remote._client.replicas.is_down(full_url)
+        free.gate.clear()
+        also_held = asyncio.create_task(remote.transcribe(b"\x00\x01"))  # now both are full
+        await until(lambda: len(free.prompts) == 2)
+        with pytest.raises(CapacityError, match="in flight"):
+            await remote.transcribe(b"\x00\x01")
+        full.gate.set()
+        free.gate.set()
+        assert (await held).status_code == 200 and (await also_held).text == "1 samples"
+        await remote.close()
+
+
+# --- the LLM over two chat servers ------------------------------------------------------------
+
+class FakeChatServer:
+    """An OpenAI chat server that streams its own name as the reply and records each prompt."""
+
+    def __init__(self, name: str) -> None:
+        self.name = name
+        self.prompts: list[list[dict]] = []
+        self.app = Starlette(routes=[Route("/v1/chat/completions", self._chat, methods=["POST"]),
+                                     Route("/health", lambda request: JSONResponse({"status": "ok"}))])
+
+    async def _chat(self, request: Request) -> StreamingResponse:
+        self.prompts.append((await request.json())["messages"])
+
+        async def events():
+            yield f"data: {json.dumps({'choices': [{'delta': {'content': self.name}}]})}\n\n"
+            yield "data: [DONE]\n\n"
+
+        return StreamingResponse(events(), media_type="text/event-stream")
+
+
+async def reply(engine: OpenAIChatLLMEngine, messages: list[dict]) -> str:
+    return "".join([piece async for piece in engine.stream_chat(messages, max_tokens=8)])
+
+
+def turn(conversation: list[dict], question: str, answer: str) -> list[dict]:
+    return conversation + [{"role": "assistant", "content": answer}, {"role": "user", "content": question}]
+
+
+async def test_a_conversation_keeps_its_replica_and_conversations_spread(default_config):
+    servers = [FakeChatServer("one"), FakeChatServer("two")]
+    async with serving(servers[0].app) as url_1, serving(servers[1].app) as url_2:
+        engine = engine_factory.build_llm(default_config, Endpoint("llm", "llama-server", (url_1, url_2), None, 4))
+        await asyncio.to_thread(engine.load)
+        homes = {}
+        for caller in range(8):
+            conversation = [{"role": "system", "content": "You are a receptionist."},
+                            {"role": "user", "content": f"Hello, this is caller {caller}."}]
+            answers = []
+            for question in ("When are you open?", "And on Sundays?"):
+                answers.append(await reply(engine, conversation))
+                conversation = turn(conversation, question, answers[-1])
+            answers.append(await reply(engine, conversation))
+            assert len(set(answers)) == 1, f"caller {caller} moved: {answers}"
+            homes[caller] = answers[0]
+        assert sorted(set(homes.values())) == ["one", "two"], homes
+        assert len(servers[0].prompts) + len(servers[1].prompts) == 24 and engine.queue_depth == 0
+        await engine.close()
+
+
+async def test_a_reply_whose_replica_refuses_comes_from_the_other():
+    servers = {"one": FakeChatServer("one"), "two": FakeChatServer("two")}
+    async with contextlib.AsyncExitStack() as first, contextlib.AsyncExitStack() as second:
+        urls = {"one": await first.enter_async_context(serving(servers["one"].app)),
+                "two": await second.enter_async_context(serving(servers["two"].app))}
+        engine = OpenAIChatLLMEngine(OpenAIChatOptions(urls["one"], replica_urls=(urls["two"],)))
+        conversation = [{"role": "system", "content": "Be brief."}, {"role": "user", "content": "Hi there."}]
+        home = await reply(engine, conversation)
+        other = "two" if home == "one" else "one"
+        await (first if home == "one" else second).aclose()  # the home replica stops: its port refuses
+        conversation = turn(conversation, "What time is it?", home)
+        assert await reply(engine, conversation) == other
+        assert len(servers[other].prompts) == 1 and servers[other].prompts[0][-1]["content"] == "What time is it?"
+        with pytest.raises(WorkerUnavailableError, match=urls[home]):
+            await asyncio.to_thread(engine.load)  # every replica must answer
+        assert engine.queue_depth == 0
+        await engine.close()
+
+
+# --- the model plane --------------------------------------------------------------------------
+
+def test_the_model_plane_gives_an_endpoint_every_replicas_url(default_config, tmp_path):
+    deployment = tmp_path / "replicated.yaml"
+    deployment.write_text(yaml.safe_dump({"name": "replicated", "workers": {
+        "embedder": {"engine": "minilm-onnx", "run": "process", "model": "package:all-minilm-l6-v2-int8",
+                     "device": "cpu", "replicas": 2, "max_streams": 16},
+        "llm": {"engine": "vllm", "run": "external", "url": "http://gpu-box:8000", "model": "org/model"}}}))
+    plane = model_plane_for(replace(default_config, deployment=str(deployment)))
+    embedder, llm = plane.endpoints["embedder"], plane.endpoints["llm"]
+    assert embedder.urls == tuple(launch.base_url for launch in plane.plan.launches)
+    assert len(set(embedder.urls)) == 2 and embedder.max_streams == 16
+    assert llm.urls == ("http://gpu-box:8000",) and set(plane.endpoints) == {"embedder", "llm"}
+    assert [w.launch.name for w in plane.supervisor.workers] == ["embedder-0", "embedder-1"]  # planned, not started

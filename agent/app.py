@@ -29,9 +29,11 @@ from agent.metrics import CadenceMetrics
 from agent.model_plane import ModelPlane, model_plane_for
 from agent.store import CallStore
 from agent.transports.twilio import CLOSE_TRY_LATER, handle_twilio_call
+from agent.transcription_routes import transcription_router
 from agent.transports.webrtc import WebRTCCalls
 from agent import engine_factory as registry
 from pipelines.voice import Engines
+from transcription.jobs import TranscriptionJobs
 
 log = logging.getLogger(__name__)
 
@@ -60,6 +62,8 @@ def create_app(config: CadenceConfig, *, engines: Engines | None = None, engines
     manager = CallManager(config, engines, store, metrics, agents, events=events, search_for=knowledge.search_for)
     webrtc = WebRTCCalls(manager, config, metrics)
     chat = TextChat(config, agents, engines.llm, metrics, search_for=knowledge.search_for)
+    transcriptions = TranscriptionJobs(config.transcription.options(), config.transcription.job_limits(),
+                                       Path(config.transcription.upload_dir), on_end=metrics.observe_transcription)
     readiness = Readiness()
     for name, engine in (("asr", engines.asr), ("llm", engines.llm), ("tts", engines.tts),
                          ("embedder", engines.embedder)):
@@ -93,6 +97,7 @@ def create_app(config: CadenceConfig, *, engines: Engines | None = None, engines
             loader.cancel()
             await asyncio.gather(loader, return_exceptions=True)
             await manager.shutdown()
+            await transcriptions.close()
             await knowledge.close()
             await store.close()
             if owns_engines:
@@ -104,6 +109,7 @@ def create_app(config: CadenceConfig, *, engines: Engines | None = None, engines
     app.state.manager, app.state.metrics, app.state.store, app.state.events = manager, metrics, store, events
     app.state.agents, app.state.knowledge, app.state.readiness = agents, knowledge, readiness
     app.state.model_plane, app.state.engines = plane, engines
+    app.state.transcriptions = transcriptions
 
     @app.get("/healthz")
     async def healthz() -> dict:
@@ -197,6 +203,7 @@ def create_app(config: CadenceConfig, *, engines: Engines | None = None, engines
     app.include_router(agents_router(agents, chat, max_body_bytes=config.agents.max_body_bytes,
                                      forget_knowledge=knowledge.forget_agent))
     app.include_router(knowledge.router(agent_exists=agents.exists))
+    app.include_router(transcription_router(transcriptions))
     app.include_router(dashboard_router(store=store, manager=manager, events=events, engines=engines,
                                         page=FRONTEND_DIR / "dashboard.html"))
     app.mount("/static", StaticFiles(directory=FRONTEND_DIR), name="static")

@@ -9,6 +9,7 @@
     cadence workers up --deployment FILE              start them here, restart crashes, stop on SIGTERM
     cadence worker --deployment FILE --worker NAME    one of Cadence's own model workers (what `up` starts)
     cadence drain [--url URL] [--timeout S]           refuse new calls, wait for live ones (preStop)
+    cadence transcribe FILE... [--json] [--workers N] long recordings to text, here (see --help)
 
 `agents`, `chat` and `ingest` talk to a running server's HTTP API.
 """
@@ -37,6 +38,10 @@ def main(argv: list[str] | None = None) -> int:
         from workers import up_cli
 
         return up_cli.main(argv[2:])
+    if argv[:1] == ["transcribe"]:
+        from transcription import cli as transcribe_cli
+
+        return transcribe_cli.main(argv[1:])
     if argv[:1] == ["worker"]:
         from workers import serve_worker
 

@@ -9,7 +9,7 @@ from __future__ import annotations
 import dataclasses
 import types
 import typing
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, fields
 from pathlib import Path
 from typing import Any
 
@@ -21,6 +21,8 @@ from models.llama_cpp_llm import LlamaCppOptions
 from models.orpheus.options import OrpheusOptions
 from models.piper_tts import PiperOptions
 from models.whisper_asr import WhisperOptions
+from transcription.jobs import JobLimits
+from transcription.options import TranscriptionOptions
 
 SCHEDULES = ("wanted-by", "arrival")  # server.schedule
 OrpheusConfig = OrpheusOptions  # the name the config has always used for tts.orpheus
@@ -141,6 +143,25 @@ class RetrievalDefaults:
 
 
 @dataclass(frozen=True)
+class TranscriptionConfig(TranscriptionOptions):
+    """Long recordings (`cadence transcribe`, POST /api/transcriptions): how they are cut and
+    transcribed (transcription/options.py), and the API's limits (transcription/jobs.py)."""
+
+    max_upload_bytes: int = JobLimits.max_upload_bytes  # a larger upload is refused (413)
+    max_pending_jobs: int = JobLimits.max_pending_jobs  # jobs waiting; one more is refused (503)
+    job_history: int = JobLimits.job_history  # finished jobs kept for lookups
+    max_speakers: int = JobLimits.max_speakers
+    upload_dir: str = "data/transcriptions"  # uploads wait here until their job ends
+
+    def job_limits(self) -> JobLimits:
+        return JobLimits(max_upload_bytes=self.max_upload_bytes, max_pending_jobs=self.max_pending_jobs,
+                         job_history=self.job_history, max_speakers=self.max_speakers)
+
+    def options(self) -> TranscriptionOptions:
+        return TranscriptionOptions(**{f.name: getattr(self, f.name) for f in fields(TranscriptionOptions)})
+
+
+@dataclass(frozen=True)
 class StoreConfig:
     path: str = "data/cadence.sqlite3"  # SQLite file for calls and turns; ":memory:" in tests
 
@@ -158,6 +179,7 @@ class CadenceConfig:
     # Agents' documents: upload limits, chunking, the embedder and the hybrid search.
     knowledge: KnowledgeOptions = field(default_factory=KnowledgeOptions)
     store: StoreConfig = field(default_factory=StoreConfig)
+    transcription: TranscriptionConfig = field(default_factory=TranscriptionConfig)
     # A deployment file (configs/deployments/*.yaml): which models run in worker processes
     # that `cadence serve` starts (or that run elsewhere), and on which device. None: every
     # model runs inside this server, from the sections above.
@@ -172,6 +194,9 @@ def _validate(config: CadenceConfig) -> None:
         (1 <= config.server.port <= 65535, "server.port must be 1..65535"),
         (config.server.max_concurrent_calls >= 1, "server.max_concurrent_calls must be >= 1"),
         (config.server.schedule in SCHEDULES, f"server.schedule must be one of {', '.join(SCHEDULES)}"),
+        (min(config.transcription.max_upload_bytes, config.transcription.max_pending_jobs,
+             config.transcription.job_history, config.transcription.max_speakers) >= 1,
+         "transcription: max_upload_bytes, max_pending_jobs, job_history and max_speakers must be >= 1"),
         (config.server.max_ws_message_bytes >= 1024, "server.max_ws_message_bytes must be >= 1024"),
         (config.limits.max_call_seconds > 0, "limits.max_call_seconds must be > 0"),
         (0 < config.limits.max_user_turn_seconds <= 30, "limits.max_user_turn_seconds must be in (0, 30]"),

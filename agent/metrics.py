@@ -48,6 +48,15 @@ class CadenceMetrics:
         self.redactions = Counter("cadence_redactions_total",
                                   "Reply clauses withheld because they quoted the system prompt or its secrets",
                                   ["path"], registry=self.registry)
+        self.asr_guard_triggers = Counter(
+            "cadence_asr_guard_triggers_total",
+            "Transcripts the hallucination guard rejected (each retried hotter, then re-chunked), by reason",
+            ["path", "reason"], registry=self.registry)
+        self.transcriptions = Counter("cadence_transcriptions_total", "Transcription jobs by how they ended",
+                                      ["status"], registry=self.registry)
+        self.transcribed_audio_seconds = Counter("cadence_transcribed_audio_seconds_total",
+                                                 "Audio seconds of finished transcription jobs",
+                                                 registry=self.registry)
         self.dashboard_streams = Gauge("cadence_dashboard_streams", "Open dashboard event streams",
                                        registry=self.registry)
         self.dashboard_backlog = Gauge("cadence_dashboard_backlog_events",
@@ -55,6 +64,13 @@ class CadenceMetrics:
         self.dashboard_dropped = Counter("cadence_dashboard_events_dropped_total",
                                          "Turn events a slow dashboard stream lost (oldest first)",
                                          registry=self.registry)
+
+    def observe_transcription(self, status: str, result: dict | None) -> None:
+        self.transcriptions.labels(status).inc()
+        if result is not None:
+            self.transcribed_audio_seconds.inc(result["audio_seconds"])
+            for reason, count in result["guard_triggers"].items():
+                self.asr_guard_triggers.labels("file", reason).inc(count)
 
     def observe_turn(self, turn: Turn, transport: str) -> None:
         self.turns_total.labels(transport, str(turn.interrupted).lower()).inc()

@@ -93,6 +93,12 @@ def utterance_for(caller: int, turn: int) -> Utterance:
     return synthesize(text, voice)
 
 
+def speak_as(text: str, voice: Voice) -> tuple[np.ndarray, int]:
+    """`text` in `voice`, int16 mono and its rate, edges trimmed; any length."""
+    samples, rate = _SYNTHESIZERS[voice.engine](text, voice.name)
+    return trim_silence(samples, rate), rate
+
+
 @lru_cache(maxsize=256)
 def synthesize(text: str, voice: Voice) -> Utterance:
     samples, rate = _SYNTHESIZERS[voice.engine](text, voice.name)

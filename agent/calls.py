@@ -141,6 +141,7 @@ class CallManager:
                 search=self._search_for(call.agent),
                 on_retrieval_miss=lambda reason: self._metrics.retrieval_misses.labels(reason).inc(),
                 on_redacted=lambda count: self._metrics.redactions.labels("call").inc(count),
+                on_asr_rejected=lambda reason: self._metrics.asr_guard_triggers.labels("live", reason).inc(),
                 enable_rtvi=enable_rtvi,
             )
             @call.voice.task.event_handler("on_idle_timeout")

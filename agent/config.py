@@ -89,6 +89,11 @@ class ASRConfig(WhisperOptions):
     # out vad.stop_secs; dropped if they go on. Below ~0.1 s every gap between words triggers a
     # wasted run; 0 turns speculation off.
     speculate_after_secs: float = 0.15
+    # Streaming partials: while the caller speaks, the turn so far is transcribed again after
+    # each this much more speech; settled words (two passes agree) are forced on the final
+    # pass, which then decodes only the rest. 0 turns it off (the default until measured to
+    # pay for its CPU on a loaded machine; see pipelines/stt.py).
+    partial_every_s: float = 0.0
 
 
 @dataclass(frozen=True)
@@ -193,6 +198,8 @@ def _validate(config: CadenceConfig) -> None:
     checks = [
         (1 <= config.server.port <= 65535, "server.port must be 1..65535"),
         (config.server.max_concurrent_calls >= 1, "server.max_concurrent_calls must be >= 1"),
+        (config.asr.partial_every_s == 0 or config.asr.partial_every_s >= 0.2,
+         "asr.partial_every_s must be 0 (off) or at least 0.2 s"),
         (config.server.schedule in SCHEDULES, f"server.schedule must be one of {', '.join(SCHEDULES)}"),
         (min(config.transcription.max_upload_bytes, config.transcription.max_pending_jobs,
              config.transcription.job_history, config.transcription.max_speakers) >= 1,

@@ -3,7 +3,8 @@
     python -m latency_bench run [--url URL] --transport twilio|webrtc --callers N --turns K [--ramp] --out DIR
     python -m latency_bench capacity [--url URL] --transport twilio [--min-turns 20] [--slo-ms 1500] --out DIR
         without --url, `run` and `capacity` start the server themselves: [--config FILE]
-        [--deployment FILE|none] [--schedule wanted-by|arrival] [--agent-file AGENT.yaml --agent NAME]
+        [--deployment FILE|none] [--schedule wanted-by|arrival] [--set KEY=VALUE ...]
+        [--agent-file AGENT.yaml --agent NAME]
     python -m latency_bench compare --callers N --turns K --out DIR
     python -m latency_bench retrieval-ab --url URL [--agent NAME] [--rounds 3] --turns K --out DIR
     python -m latency_bench quality --url URL --agent NAME --out DIR [--no-spoken] [--runs 1]
@@ -57,7 +58,8 @@ def _started_server(stack: contextlib.ExitStack, args, max_calls: int) -> str:
     """The server under test: --url, or one the bench starts (and stops) itself."""
     return args.url or stack.enter_context(servers.cadence(
         args.out, max_calls=max_calls, config=args.config or servers.DEFAULT_CONFIG,
-        deployment=args.deployment, schedule=args.schedule, agent_files=tuple(args.agent_file)))
+        deployment=args.deployment, schedule=args.schedule, settings=tuple(args.set),
+        agent_files=tuple(args.agent_file)))
 
 
 def cmd_run(args) -> dict:
@@ -161,6 +163,9 @@ def main(argv: list[str] | None = None) -> int:
         p.add_argument("--schedule", choices=["wanted-by", "arrival"],
                        help="server.schedule of the started server: how shared engines order waiting requests "
                             "(arrival: the A/B baseline); default: the config's")
+        p.add_argument("--set", action="append", default=[], metavar="KEY=VALUE",
+                       help="a setting of the started server's config, dotted key and YAML value "
+                            "(repeatable), e.g. --set asr.partial_every_s=0.5")
         p.add_argument("--agent-file", action="append", default=[], type=Path,
                        help="an agent YAML to create on the started server (repeatable); ask for it with --agent")
     cap_p.add_argument("--min-turns", type=int, default=20,

@@ -13,7 +13,7 @@ import socket
 import subprocess
 import sys
 import time
-from collections.abc import Iterator
+from collections.abc import Iterator, Sequence
 from pathlib import Path
 
 import httpx
@@ -70,9 +70,19 @@ def _stop(process: subprocess.Popen) -> None:
 
 
 def write_bench_config(out: Path, config: Path, *, max_calls: int, deployment: str | None = None,
-                       schedule: str | None = None) -> Path:
-    """`config` with the bench's settings over it, written into `out` (see `cadence`)."""
+                       schedule: str | None = None, settings: Sequence[str] = ()) -> Path:
+    """`config` with the bench's settings over it, written into `out` (see `cadence`).
+    `settings`: KEY=VALUE pairs, dotted keys into the config, YAML values (asr.partial_every_s=0.5)."""
     data = yaml.safe_load(config.read_text()) or {}
+    for setting in settings:
+        key, sep, raw = setting.partition("=")
+        if not sep or not key:
+            raise ValueError(f"--set takes KEY=VALUE, not {setting!r}")
+        *parents, leaf = key.split(".")
+        section = data
+        for name in parents:
+            section = section.setdefault(name, {})
+        section[leaf] = yaml.safe_load(raw)
     if deployment is not None:
         data["deployment"] = None if deployment == "none" else deployment
     data.setdefault("server", {})["max_concurrent_calls"] = max_calls
@@ -86,13 +96,15 @@ def write_bench_config(out: Path, config: Path, *, max_calls: int, deployment: s
 
 @contextlib.contextmanager
 def cadence(out: Path, *, max_calls: int, config: Path = DEFAULT_CONFIG, deployment: str | None = None,
-            schedule: str | None = None, agent_files: tuple[Path, ...] = ()) -> Iterator[str]:
+            schedule: str | None = None, settings: Sequence[str] = (),
+            agent_files: tuple[Path, ...] = ()) -> Iterator[str]:
     """Cadence's own server on `config`, admitting `max_calls` calls, with a store in `out`.
     `deployment`: a deployment file, or "none" for every model in-process (None: the config's).
-    `schedule`: server.schedule (None: the config's).
+    `schedule`: server.schedule (None: the config's). `settings`: KEY=VALUE overrides.
     `agent_files`: agents created through the API once it is ready (the bench's own agents)."""
     out.mkdir(parents=True, exist_ok=True)
-    bench_config = write_bench_config(out, config, max_calls=max_calls, deployment=deployment, schedule=schedule)
+    bench_config = write_bench_config(out, config, max_calls=max_calls, deployment=deployment, schedule=schedule,
+                                      settings=settings)
     port = free_port()
     with child([sys.executable, "-m", "agent.cli", "serve", "--config", str(bench_config), "--host", "127.0.0.1",
                 "--port", str(port), "--log-level", "warning"], out / "cadence.log",

@@ -9,7 +9,7 @@ from __future__ import annotations
 
 from abc import ABC, abstractmethod
 from collections.abc import AsyncIterator, Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from typing import TYPE_CHECKING, Any
 
 if TYPE_CHECKING:  # numpy stays out of this module's imports, so the contracts load light
@@ -62,6 +62,19 @@ class ASREngine(Engine):
     @abstractmethod
     async def transcribe(self, pcm16: bytes, *, prompt: str | None = None) -> Transcript:
         """Transcribes one utterance. `prompt` is earlier text that conditions the decoder."""
+
+    async def transcribe_continuing(self, pcm16: bytes, *, committed: str, prompt: str | None = None) -> Transcript:
+        """The utterance so far, whose transcript is known to begin with `committed` (words
+        a streaming pass already settled). The transcript returned is the whole of it;
+        an engine that can force the decoder to start with `committed` (Whisper's prefix)
+        decodes only what follows. This default decodes everything and puts the settled
+        words first where the new text does not begin with them."""
+        transcript = await self.transcribe(pcm16, prompt=prompt)
+        if not committed or transcript.text.lower().startswith(committed.lower()):
+            return transcript
+        settled = len(committed.split())
+        words = transcript.text.split()
+        return replace(transcript, text=" ".join(committed.split() + words[settled:]))
 
 
 @dataclass(frozen=True)

@@ -114,7 +114,12 @@ class WhisperASREngine(ASREngine):
     async def transcribe(self, pcm16: bytes, *, prompt: str | None = None) -> Transcript:
         return await self._runner.run(lambda: self._transcribe_blocking(pcm16, prompt))
 
-    def _transcribe_blocking(self, pcm16: bytes, prompt: str | None) -> Transcript:
+    async def transcribe_continuing(self, pcm16: bytes, *, committed: str, prompt: str | None = None) -> Transcript:
+        """The settled words are forced as the decoder's prefix: only the rest is decoded
+        (on CPU most of a pass is decoding), and the text never contradicts them."""
+        return await self._runner.run(lambda: self._transcribe_blocking(pcm16, prompt, committed.strip() or None))
+
+    def _transcribe_blocking(self, pcm16: bytes, prompt: str | None, prefix: str | None = None) -> Transcript:
         if self._model is None:
             raise RuntimeError("WhisperASREngine.load() was not called")
         audio = pcm16_to_float32(pcm16)
@@ -122,25 +127,27 @@ class WhisperASREngine(ASREngine):
         started = time.perf_counter()
         fast = None
         if self._config.encoder_padding_seconds > 0 and seconds + self._config.encoder_padding_seconds < WHISPER_WINDOW_SECONDS:
-            fast = self._decode_trimmed_window(audio, prompt)
+            fast = self._decode_trimmed_window(audio, prompt, prefix=prefix)
             if not looks_right(fast) and fast.text:
                 log.debug("trimmed-window decode rejected (%r, logprob %.2f); retrying at temperature %.1f",
                           fast.text[:80], fast.avg_logprob, RETRY_TEMPERATURE)
                 self.fast_path_retries += 1
-                fast = self._decode_trimmed_window(audio, prompt, temperature=RETRY_TEMPERATURE)
+                fast = self._decode_trimmed_window(audio, prompt, temperature=RETRY_TEMPERATURE, prefix=prefix)
             if not looks_right(fast):
                 self.fast_path_fallbacks += 1
                 log.debug("trimmed-window decode rejected (%r, logprob %.2f, no-speech %.2f); using the full window",
                           fast.text[:80], fast.avg_logprob, fast.no_speech_probability)
                 fast = None
         if fast is not None:
-            text, no_speech = fast.text, fast.no_speech_probability
+            text, no_speech = _starting_with(prefix, fast.text), fast.no_speech_probability
         else:
-            text, no_speech = self._decode_full_window(audio, prompt)
+            text, no_speech = self._decode_full_window(audio, prompt, prefix)
         return Transcript(text=text, audio_seconds=seconds, compute_seconds=time.perf_counter() - started,
                           language=self._config.language, no_speech_probability=no_speech)
 
-    def _decode_trimmed_window(self, audio: np.ndarray, prompt: str | None, temperature: float = 0.0) -> FastResult:
+    def _decode_trimmed_window(self, audio: np.ndarray, prompt: str | None, temperature: float = 0.0,
+                               prefix: str | None = None) -> FastResult:
+        """With `prefix`, forced as the decoder's first tokens (CTranslate2 returns them too)."""
         import ctranslate2
         from faster_whisper.transcribe import get_suppressed_tokens
 
@@ -154,6 +161,8 @@ class WhisperASREngine(ASREngine):
         if prompt:
             tokens = [tokenizer.sot_prev] + tokenizer.encode(" " + prompt.strip())[-(MAX_DECODE_TOKENS - 1):]
         tokens += list(tokenizer.sot_sequence) + [tokenizer.no_timestamps]
+        if prefix:
+            tokens += tokenizer.encode(" " + prefix)
         result = self._model.model.generate(
             features, [tokens], beam_size=1 if temperature > 0 else self._config.beam_size,
             max_length=len(tokens) + decode_token_budget(len(audio) / self.sample_rate),  # includes the prompt
@@ -167,25 +176,48 @@ class WhisperASREngine(ASREngine):
         # penalty 1): the mean log-probability Whisper's threshold is defined on.
         return FastResult(tokenizer.decode(ids).strip(), float(result.scores[0]), float(result.no_speech_prob))
 
-    def _decode_full_window(self, audio: np.ndarray, prompt: str | None) -> tuple[str, float | None]:
+    def _decode_full_window(self, audio: np.ndarray, prompt: str | None,
+                            prefix: str | None = None) -> tuple[str, float | None]:
         assert self._model is not None
         segments, _info = self._model.transcribe(
             audio,
             language=self._config.language,
             beam_size=self._config.beam_size,
             initial_prompt=prompt or None,
+            prefix=prefix,
             without_timestamps=True,
             condition_on_previous_text=False,
             vad_filter=False,  # the pipeline's Silero VAD already cut the utterance
         )
         segments = list(segments)  # the generator does the decoding
         text = " ".join(s.text.strip() for s in segments).strip()
+        text = _starting_with(prefix, text)
         no_speech = float(np.mean([s.no_speech_prob for s in segments])) if segments else None
         return text, no_speech
 
     async def close(self) -> None:
         self._runner.shutdown()
         self._model = None
+
+
+def _starting_with(prefix: str | None, text: str) -> str:
+    """The decoder was forced to begin with `prefix` and returns it with the rest; should a
+    path ever leave it out, it is put back: settled words never change. When the settled
+    words already cover all the audio, Whisper tends to say them again: a rest that starts
+    as the prefix does is that repeat, and is dropped."""
+    if not prefix:
+        return text
+    if not text.lower().startswith(prefix.lower()):
+        text = f"{prefix} {text}".strip()
+    said, rest = [_bare(w) for w in prefix.split()], [_bare(w) for w in text[len(prefix):].split()]
+    opening = min(3, len(said))
+    if opening and rest[:opening] == said[:opening]:
+        return prefix
+    return text
+
+
+def _bare(word: str) -> str:
+    return "".join(c for c in word.lower() if c.isalnum() or c == "'")
 
 
 def looks_right(result: FastResult) -> bool:

@@ -8,21 +8,32 @@ Speculative transcription: when the VAD reports that the caller paused (`speech_
 the audio so far is transcribed at once, while the VAD is still waiting out `stop_secs`
 to be sure the turn is over. If the turn does end with no more speech, that transcript is
 used and the wait cost no ASR time; if the caller goes on, it is dropped.
+
+Streaming partials (`partial_every_s`): while the caller speaks, the turn so far is
+transcribed again every time that much more audio has come, one pass at a time; words two
+consecutive passes agree on are settled (LocalAgreement-2, local_agreement.py) and pushed
+with the tentative rest as an InterimTranscriptionFrame. Each pass, the speculation and the
+final transcript are forced to begin with the settled words (`transcribe_continuing`): the
+final costs only the decoding of the words not yet settled, and settled words never
+change. Partial passes are wanted later than any final, so under load other calls' turns
+go first. Every pass is checked (`rejection`); a rejected one is dropped and counted.
 """
 
 from __future__ import annotations
 
 import asyncio
+import collections
 import contextlib
 import logging
 import time
-from collections.abc import AsyncGenerator
+from collections.abc import AsyncGenerator, Callable
 from dataclasses import dataclass
 
 from pipecat.frames.frames import (
     ErrorFrame,
     Frame,
     InputAudioRawFrame,
+    InterimTranscriptionFrame,
     SystemFrame,
     TranscriptionFrame,
     VADUserStoppedSpeakingFrame,
@@ -35,7 +46,8 @@ from pipecat.utils.time import time_now_iso8601
 from models.errors import CadenceError
 from models.scheduling import wanted_in
 from models.base import ASREngine, Transcript
-from models.hallucination import MAX_COMPRESSION_RATIO, compression_ratio
+from models.hallucination import MAX_COMPRESSION_RATIO, compression_ratio, too_fast
+from pipelines.local_agreement import LocalAgreement
 from pipelines.retrieval import SpeculativeTranscriptFrame
 from pipelines.speech_end import silent_tail_seconds
 
@@ -46,16 +58,29 @@ MAX_NO_SPEECH_PROBABILITY = 0.6
 _PCM16_BYTES = 2
 
 
-def is_plausible(transcript: Transcript) -> bool:
-    """False for empty text, repetition loops and text over what was likely silence."""
+# A partial pass is wanted this long after it starts: a final transcript (the end of some
+# caller's turn) waiting for the same engine goes first.
+PARTIAL_LEAD_S = 1.0
+
+
+def rejection(transcript: Transcript) -> str | None:
+    """Why a transcript is not passed on (a metric label), or None: empty text, a
+    repetition loop, words faster than anyone speaks, text over what was likely silence."""
     text = transcript.text.strip()
     if not text:
-        return False
+        return "empty"
     if compression_ratio(text) > MAX_COMPRESSION_RATIO:
-        return False
-    if transcript.no_speech_probability is not None and transcript.no_speech_probability > MAX_NO_SPEECH_PROBABILITY:
-        return len(text.split()) > 3  # long text is rarely invented from silence
-    return True
+        return "compression_ratio"
+    if too_fast(text, transcript.audio_seconds):
+        return "words_per_second"
+    if transcript.no_speech_probability is not None and transcript.no_speech_probability > MAX_NO_SPEECH_PROBABILITY \
+            and len(text.split()) <= 3:  # long text is rarely invented from silence
+        return "no_speech"
+    return None
+
+
+def is_plausible(transcript: Transcript) -> bool:
+    return rejection(transcript) is None
 
 
 @dataclass
@@ -73,9 +98,12 @@ class _Speculation:
 
 class EngineSTTService(SegmentedSTTService):
     def __init__(self, engine: ASREngine, *, max_segment_seconds: float, clock=time.time,
-                 speculation_lead_s: float | None = 0.0, **kwargs) -> None:
+                 speculation_lead_s: float | None = 0.0, partial_every_s: float = 0.0,
+                 on_rejected: Callable[[str], None] = lambda reason: None, **kwargs) -> None:
         """`speculation_lead_s`: when a guess made at a pause is wanted (the turn's end);
-        None leaves guesses in arrival order with every other request."""
+        None leaves guesses in arrival order with every other request. `partial_every_s`:
+        streaming partials every that much new speech (0: none). `on_rejected(reason)`:
+        told of every transcript the plausibility check drops."""
         super().__init__(
             sample_rate=engine.sample_rate,
             trailing_silence_secs=0.0,
@@ -90,24 +118,35 @@ class EngineSTTService(SegmentedSTTService):
         self._speculation: _Speculation | None = None
         self.speculations_used = 0
         self.speculations_dropped = 0
+        self._partial_every_bytes = int(partial_every_s * engine.sample_rate) * _PCM16_BYTES
+        self._agreement = LocalAgreement()
+        self._partial: asyncio.Task | None = None
+        self._partial_from_bytes = 0  # the turn's audio length when the last partial pass started
+        self._settled_at_end: collections.deque[str] = collections.deque()  # per queued segment
+        self._on_rejected = on_rejected
+        self.partials_pushed = 0
+        self._paused = False  # the VAD heard a pause: the turn may be ending, the final comes first
 
     def speech_paused(self) -> None:
-        """The caller went quiet mid-turn: start transcribing what we have."""
+        """The caller went quiet mid-turn: start transcribing what we have. No partial pass
+        starts until they go on: if the turn ends here, the final must find the model free."""
+        self._paused = True
         if self._speculation is not None or not self._user_speaking or not self._audio_buffer:
             return
         audio = bytes(self._audio_buffer)
-        task = self.create_task(self._speculate(self._fit(audio)), name="speculative-asr")
+        task = self.create_task(self._speculate(self._fit(audio), self._agreement.committed_text),
+                                name="speculative-asr")
         # A dropped guess may have failed (engine busy); mark its error seen so asyncio does not
         # report it. A guess that is used re-raises its error where it is awaited.
         task.add_done_callback(lambda t: t.cancelled() or t.exception())
         self._speculation = _Speculation(audio_bytes=len(audio), task=task)
 
-    async def _speculate(self, audio: bytes) -> Transcript:
+    async def _speculate(self, audio: bytes, settled: str) -> Transcript:
         # Wanted when the pause would end the turn: a final transcript (another call's turn
         # that has ended) goes first if both wait for the engine.
         lead = self._speculation_lead_s
         with wanted_in(lead) if lead is not None else contextlib.nullcontext():
-            transcript = await self._engine.transcribe(audio)
+            transcript = await self._continuing(audio, settled)
         if is_plausible(transcript):
             # Retrieval starts on the guess now, so its passages are ready when the turn ends.
             await self.push_frame(SpeculativeTranscriptFrame(text=transcript.text))
@@ -115,6 +154,7 @@ class EngineSTTService(SegmentedSTTService):
 
     def speech_resumed(self) -> None:
         """The caller went on talking: the speculative transcript is missing words."""
+        self._paused = False
         self._drop_speculation()
 
     def _drop_speculation(self) -> None:
@@ -125,14 +165,59 @@ class EngineSTTService(SegmentedSTTService):
 
     async def _handle_user_started_speaking(self, frame) -> None:
         self._drop_speculation()
+        self._drop_partial()
+        self._agreement.reset()
+        self._partial_from_bytes = 0
+        self._paused = False
         await super()._handle_user_started_speaking(frame)
 
     async def process_audio_frame(self, frame: InputAudioRawFrame, direction: FrameDirection) -> None:
         await super().process_audio_frame(frame, direction)
         self._last_audio_at = self._clock()  # STT is the first stage after the transport: ~arrival time
+        if (self._partial_every_bytes and self._user_speaking and self._partial is None and not self._paused
+                and len(self._audio_buffer) - self._partial_from_bytes >= self._partial_every_bytes
+                and len(self._audio_buffer) <= self._max_segment_bytes):
+            self._partial_from_bytes = len(self._audio_buffer)
+            self._partial = self.create_task(self._partial_pass(bytes(self._audio_buffer)), name="partial-asr")
+
+    async def _partial_pass(self, audio: bytes) -> None:
+        try:
+            with wanted_in(PARTIAL_LEAD_S):
+                transcript = await self._continuing(audio, self._agreement.committed_text)
+        except CadenceError as exc:  # busy or gone: partials are a nicety, the final will say
+            log.debug("partial transcription skipped: %s", exc)
+            return
+        finally:
+            self._partial = None
+        reason = rejection(transcript)
+        if reason is not None:
+            if reason != "empty":
+                self._on_rejected(reason)
+            return
+        self._agreement.update(transcript.text)
+        self.partials_pushed += 1
+        await self.push_frame(InterimTranscriptionFrame(self._agreement.text, self._user_id, time_now_iso8601()))
+
+    def _drop_partial(self) -> None:
+        if self._partial is not None:
+            self._partial.cancel()  # the model thread finishes its run; the result is ignored
+            self._partial = None
+
+    async def _continuing(self, audio: bytes, settled: str) -> Transcript:
+        """A pass that keeps the settled words; one whose text fails the check is redone
+        without them once (a forced prefix can lead the decoder astray)."""
+        if settled and len(audio) <= self._max_segment_bytes:
+            transcript = await self._engine.transcribe_continuing(audio, committed=settled)
+            if rejection(transcript) is None:
+                return transcript
+            self._on_rejected("prefixed_pass")
+        return await self._engine.transcribe(audio)
 
     async def _handle_user_stopped_speaking(self, frame: VADUserStoppedSpeakingFrame) -> None:
         await self.push_frame(CallerSpeechEndFrame(last_voiced_at=self._last_voiced_at(frame)))
+        self._drop_partial()  # the final pass starts now, on all of the turn
+        self._settled_at_end.append(self._agreement.committed_text)
+        self._agreement.reset()
         await super()._handle_user_stopped_speaking(frame)
 
     def _last_voiced_at(self, frame: VADUserStoppedSpeakingFrame) -> float:
@@ -143,6 +228,7 @@ class EngineSTTService(SegmentedSTTService):
 
     async def cleanup(self) -> None:
         self._drop_speculation()
+        self._drop_partial()
         await super().cleanup()
 
     def _fit(self, audio: bytes) -> bytes:
@@ -154,6 +240,7 @@ class EngineSTTService(SegmentedSTTService):
         return audio
 
     async def _transcribe(self, audio: bytes) -> Transcript:
+        settled = self._settled_at_end.popleft() if self._settled_at_end else ""
         speculation, self._speculation = self._speculation, None
         # Usable only if the turn's audio is what it saw plus silence: the VAD heard no
         # speech since the pause (else `speech_resumed` would have dropped it).
@@ -169,7 +256,7 @@ class EngineSTTService(SegmentedSTTService):
                     raise
         log.debug("no speculative transcript for this turn (%d used, %d dropped so far)",
                   self.speculations_used, self.speculations_dropped)
-        return await self._engine.transcribe(self._fit(audio))
+        return await self._continuing(self._fit(audio), settled if len(audio) <= self._max_segment_bytes else "")
 
     @property
     def wants_wav_segments(self) -> bool:
@@ -187,7 +274,10 @@ class EngineSTTService(SegmentedSTTService):
             return
         finally:
             await self.stop_processing_metrics()
-        if not is_plausible(transcript):
-            log.debug("dropped implausible transcript (%d chars)", len(transcript.text))
+        reason = rejection(transcript)
+        if reason is not None:
+            log.debug("dropped implausible transcript (%d chars: %s)", len(transcript.text), reason)
+            if reason != "empty":
+                self._on_rejected(reason)
             return
         yield TranscriptionFrame(transcript.text, self._user_id, time_now_iso8601(), finalized=True)

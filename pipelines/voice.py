@@ -69,13 +69,15 @@ def build_voice_call(
     search: SearchPassages | None = None,
     on_retrieval_miss: Callable[[str], None] = lambda reason: None,
     on_redacted: Callable[[int], None] = lambda count: None,
+    on_asr_rejected: Callable[[str], None] = lambda reason: None,
     enable_rtvi: bool = False,
 ) -> VoiceCall:
     """`search` finds passages in the agent's knowledge; None (or retrieval off) skips retrieval."""
     by_wanted = config.server.schedule == "wanted-by"
     stt = EngineSTTService(engines.asr, max_segment_seconds=config.limits.max_user_turn_seconds,
                            speculation_lead_s=max(0.0, agent.vad_stop_secs - agent.speculate_after_secs)
-                           if by_wanted else None)
+                           if by_wanted else None,
+                           partial_every_s=config.asr.partial_every_s, on_rejected=on_asr_rejected)
     vad = PauseAwareSileroVAD(
         params=VADParams(
             confidence=config.vad.confidence,

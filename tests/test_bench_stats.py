@@ -132,3 +132,8 @@ def test_the_started_servers_config_takes_the_benchs_settings_and_stays_valid(tm
     assert (config.server.max_concurrent_calls, config.server.schedule, config.deployment) == (8, "arrival", None)
     assert config.store.path == str(tmp_path / "cadence-bench.sqlite3")
     assert load_config(write_bench_config(tmp_path, DEFAULT_CONFIG, max_calls=1)).server.schedule == "wanted-by"
+    changed = load_config(write_bench_config(tmp_path, DEFAULT_CONFIG, max_calls=1,
+                                             settings=["asr.partial_every_s=0.5", "vad.stop_secs=0.3"]))
+    assert (changed.asr.partial_every_s, changed.vad.stop_secs, changed.asr.model) == (0.5, 0.3, "package:whisper-base")
+    with pytest.raises(ValueError, match="KEY=VALUE"):
+        write_bench_config(tmp_path, DEFAULT_CONFIG, max_calls=1, settings=["asr.partial_every_s"])

@@ -60,11 +60,11 @@ async def test_a_repetition_loop_is_retried_on_the_short_window_not_the_full_one
     calls = []
     real = engine._decode_trimmed_window
 
-    def looping_first(audio, prompt, temperature=0.0):
+    def looping_first(audio, prompt, temperature=0.0, prefix=None):
         calls.append(temperature)
         if temperature == 0.0:  # greedy decoding fell into a loop, as Whisper sometimes does
             return FastResult("in miles in miles " * 12, -0.06, 0.01)
-        return real(audio, prompt, temperature)
+        return real(audio, prompt, temperature, prefix)
 
     monkeypatch.setattr(engine, "_decode_trimmed_window", looping_first)
     retries, fallbacks = engine.fast_path_retries, engine.fast_path_fallbacks

@@ -6,12 +6,9 @@ from __future__ import annotations
 
 from collections.abc import Sequence
 
-from models.hallucination import MAX_COMPRESSION_RATIO, MIN_AVG_LOGPROB, compression_ratio
+from models.hallucination import MAX_COMPRESSION_RATIO, MIN_AVG_LOGPROB, compression_ratio, too_fast
 from transcription.result import Piece
 
-# Fast speakers reach ~4.5 words a second (270 wpm); text faster than this over a second or
-# more of audio was not spoken.
-MAX_WORDS_PER_SECOND = 6.0
 MIN_TEXT_FOR_COMPRESSION = 40  # characters: shorter texts compress badly whatever they say
 
 
@@ -21,7 +18,7 @@ def rejection(pieces: Sequence[Piece], audio_seconds: float) -> str | None:
     texts = [text] + [p.text for p in pieces]
     if any(len(t) >= MIN_TEXT_FOR_COMPRESSION and compression_ratio(t) > MAX_COMPRESSION_RATIO for t in texts):
         return "compression_ratio"
-    if audio_seconds >= 1.0 and len(text.split()) / audio_seconds > MAX_WORDS_PER_SECOND:
+    if too_fast(text, audio_seconds):
         return "words_per_second"
     scored = [(p.avg_logprob, max(p.end - p.start, 0.01)) for p in pieces if p.avg_logprob is not None]
     if scored and sum(lp * d for lp, d in scored) / sum(d for _, d in scored) < MIN_AVG_LOGPROB:

@@ -98,6 +98,8 @@ async def test_limits_refuse_at_once_and_keep_nothing(short_recording, tmp_path)
         with pytest.raises(JobQueueFull):
             await jobs.submit(chunks(small), filename="3.wav", declared_bytes=None, diarize=False, speakers=None)
         await jobs.cancel(waiting.id)
+        again = await jobs.submit(chunks(small), filename="4.wav", declared_bytes=None, diarize=False, speakers=None)
+        await jobs.cancel(again.id)  # the cancelled job gave its place back at once
         await jobs.cancel(running.id)
         async with asyncio.timeout(WAIT_S):
             async for _ in jobs.watch(running.id):

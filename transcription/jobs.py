@@ -113,8 +113,9 @@ class TranscriptionJobs:
             raise BadTranscriptionRequest("speakers goes with diarize=true")
         if declared_bytes is not None and declared_bytes > self._limits.max_upload_bytes:
             raise UploadTooLarge(f"the upload is {declared_bytes} bytes; at most {self._limits.max_upload_bytes}")
-        if self._queue.qsize() >= self._limits.max_pending_jobs:
-            raise JobQueueFull(f"{self._queue.qsize()} transcriptions are waiting; retry later")
+        waiting = sum(1 for job in self._jobs.values() if job.status == QUEUED)  # a cancelled one frees its place
+        if waiting >= self._limits.max_pending_jobs:
+            raise JobQueueFull(f"{waiting} transcriptions are waiting; retry later")
         self._folder.mkdir(parents=True, exist_ok=True)
         job_id = uuid.uuid4().hex[:16]
         path = self._folder / f"{job_id}.upload"

@@ -36,11 +36,13 @@ def read_wav(path: Path) -> tuple[np.ndarray, int]:
 
 
 def write_wav(path: Path, samples: np.ndarray, rate: int) -> None:
+    """16-bit WAV of (n,) mono or (channels, n) samples."""
+    channels = 1 if samples.ndim == 1 else samples.shape[0]
     with wave.open(str(path), "wb") as w:
-        w.setnchannels(1)
+        w.setnchannels(channels)
         w.setsampwidth(2)
         w.setframerate(rate)
-        w.writeframes(samples.astype(np.int16).tobytes())
+        w.writeframes(np.ascontiguousarray(samples.astype(np.int16).T).tobytes())
 
 
 def resample(samples: np.ndarray, from_rate: int, to_rate: int) -> np.ndarray:

@@ -95,15 +95,5 @@ def build(seconds: float, *, speakers: int = 1, pause_s: float = 0.8, stereo: bo
 
 def write(recording: Recording, path: Path) -> Path:
     """A WAV file (mono or stereo); other formats: convert it with ffmpeg (or PyAV)."""
-    samples = recording.samples
-    if samples.ndim == 1:
-        write_wav(path, samples, RATE)
-        return path
-    import wave
-
-    with wave.open(str(path), "wb") as out:
-        out.setnchannels(2)
-        out.setsampwidth(2)
-        out.setframerate(RATE)
-        out.writeframes(np.ascontiguousarray(samples.T).tobytes())
+    write_wav(path, recording.samples, RATE)
     return path

@@ -32,7 +32,7 @@ import httpx
 
 from models.base import ChatMessage, LLMEngine, Sampling
 from models.errors import CadenceError, CapacityError, ConfigError, WorkerUnavailableError
-from models.remote import CONNECT_FAILURES
+from models.remote import CONNECT_FAILURES, replica_urls
 from models.replicas import DEFAULT_COOL_OFF_S, ReplicaSet
 
 log = logging.getLogger(__name__)
@@ -68,11 +68,7 @@ class OpenAIChatOptions:
         return (self.base_url, *self.replica_urls)
 
     def __post_init__(self) -> None:
-        for url in self.urls:
-            if not url.startswith(("http://", "https://")):
-                raise ConfigError(f"LLM server url {url!r} must start with http:// or https://")
-        if len({url.rstrip("/") for url in self.urls}) != len(self.urls):
-            raise ConfigError(f"LLM server urls repeat one another: {', '.join(self.urls)}; list each replica once")
+        replica_urls(self.urls, "LLM server")
         if self.cool_off_s < 0:
             raise ConfigError("LLM server client: cool_off_s >= 0 required")
         if self.dialect not in DIALECTS:
@@ -88,7 +84,7 @@ class LLMServerError(CadenceError):
 class OpenAIChatLLMEngine(LLMEngine):
     def __init__(self, options: OpenAIChatOptions) -> None:
         self.options = options
-        self._replicas = ReplicaSet(tuple(url.rstrip("/") for url in options.urls), cool_off_s=options.cool_off_s)
+        self._replicas = ReplicaSet(replica_urls(options.urls, "LLM server"), cool_off_s=options.cool_off_s)
         # A conversation leaves its home replica once that has its share of the replies open.
         self._busy_at = options.max_in_flight / len(options.urls)
         self._clients: dict[str, httpx.AsyncClient] = {}

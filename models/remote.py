@@ -83,15 +83,16 @@ class RemoteOptions:
 
 
 def replica_urls(base_urls: str | Sequence[str], what: str) -> tuple[str, ...]:
-    """One base URL or several -> distinct URLs without a trailing slash; ConfigError otherwise."""
+    """One base URL or several -> distinct URLs without a trailing slash; ConfigError otherwise.
+    `what` names the servers in the message ("asr worker", "LLM server")."""
     urls = tuple(url.rstrip("/") for url in ([base_urls] if isinstance(base_urls, str) else base_urls))
     if not urls:
-        raise ConfigError(f"the {what} client needs at least one worker URL")
+        raise ConfigError(f"the {what} client needs at least one URL")
     for url in urls:
         if not url.startswith(("http://", "https://")):
-            raise ConfigError(f"{what} worker URL {url!r} must start with http:// or https://")
+            raise ConfigError(f"{what} URL {url!r} must start with http:// or https://")
     if len(set(urls)) != len(urls):
-        raise ConfigError(f"{what} worker URLs repeat one another: {', '.join(urls)}; list each replica once")
+        raise ConfigError(f"{what} URLs repeat one another: {', '.join(urls)}; list each replica once")
     return urls
 
 
@@ -101,7 +102,7 @@ class WorkerClient:
 
     def __init__(self, base_urls: str | Sequence[str], role: str, options: RemoteOptions) -> None:
         self.role = role
-        self.replicas = ReplicaSet(replica_urls(base_urls, role), cool_off_s=options.cool_off_s)
+        self.replicas = ReplicaSet(replica_urls(base_urls, f"{role} worker"), cool_off_s=options.cool_off_s)
         timeout = httpx.Timeout(options.read_timeout_s, connect=options.connect_timeout_s)
         limits = httpx.Limits(max_connections=options.max_connections)
         self._http = {url: httpx.AsyncClient(base_url=url, timeout=timeout, limits=limits) for url in self.urls}

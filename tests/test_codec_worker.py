@@ -189,7 +189,7 @@ async def test_a_silent_stream_is_closed_and_its_slot_freed(snac):
 async def test_load_refuses_a_worker_that_is_not_a_codec_or_not_there(snac):
     from tests.fakes_workers import GatedEmbedder
 
-    with pytest.raises(ConfigError, match=r"http\(s\)://"):
+    with pytest.raises(ConfigError, match="must start with http:// or https://"):
         RemoteSnacCodec("ws://x")
     embedder = build_worker_app(GatedEmbedder(dimensions=4), role="embedder", name="e", max_in_flight=1, loaded=True)
     async with serving(embedder) as other, serving(codec_app(snac)) as url:
@@ -198,7 +198,7 @@ async def test_load_refuses_a_worker_that_is_not_a_codec_or_not_there(snac):
         with pytest.raises(WorkerUnavailableError, match="127.0.0.1:1 cannot be reached"):
             await asyncio.to_thread(RemoteSnacCodec([url, "http://127.0.0.1:1"]).load)
         assert (await asyncio.to_thread(RemoteSnacCodec(url).load)).delay_samples > 0
-    with pytest.raises(ConfigError, match="must differ"):
+    with pytest.raises(ConfigError, match="repeat one another"):
         RemoteSnacCodec([url, url + "/"])
 
 

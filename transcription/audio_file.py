@@ -101,22 +101,50 @@ class AudioReader:
         return np.ascontiguousarray(block, dtype=np.float32), [rest] if rest.shape[1] else [], rest.shape[1]
 
 
+class AudioWindow:
+    """Decoded blocks still needed, mono (n,) or per channel (c, n): from sample `start` to
+    `end`, the end of what was read. Who reads a file in order keeps only this."""
+
+    def __init__(self) -> None:
+        self.start = 0
+        self._blocks: list[np.ndarray] = []
+
+    @property
+    def end(self) -> int:
+        return self.start + sum(block.shape[-1] for block in self._blocks)
+
+    def append(self, block: np.ndarray) -> None:
+        self._blocks.append(block)
+
+    def slice(self, start: int, end: int) -> np.ndarray:
+        """A copy of samples [start, end) (clipped to what is held)."""
+        joined = self._joined()
+        return joined[..., max(0, start - self.start): max(0, end - self.start)].copy()
+
+    def drop_before(self, sample: int) -> None:
+        if sample <= self.start or not self._blocks:
+            return
+        joined = self._joined()
+        cut = min(sample - self.start, joined.shape[-1])
+        self._blocks, self.start = [joined[..., cut:]], self.start + cut
+
+    def _joined(self) -> np.ndarray:
+        if len(self._blocks) != 1:
+            self._blocks = [np.concatenate(self._blocks, axis=-1)]
+        return self._blocks[0]
+
+
 def spans(path: str | Path, times: list[tuple[float, float]], *, per_channel: bool = False,
           block_s: float = 10.0) -> Iterator[np.ndarray]:
     """The audio of each (start, end) span in seconds, in one pass over the file. Spans must
     be in order and not overlap; only the audio from the current span on is held."""
     reader = AudioReader(path, per_channel=per_channel, block_s=block_s)
-    pending: list[np.ndarray] = []
-    held_from = 0  # sample index of pending's first sample
+    window = AudioWindow()
+    window.append(np.zeros((2, 0) if reader.per_channel else 0, np.float32))
     blocks = iter(reader)
     for start, end in times:
         first, last = int(start * SAMPLE_RATE), int(end * SAMPLE_RATE)
-        while held_from + sum(b.shape[-1] for b in pending) < last:
-            block = next(blocks, None)
-            if block is None:
-                break
-            pending.append(block)
-        joined = np.concatenate(pending, axis=-1) if pending else np.zeros((2, 0) if reader.per_channel else 0, np.float32)
-        yield joined[..., max(0, first - held_from): max(0, last - held_from)]
-        drop = max(0, last - held_from)
-        pending, held_from = [joined[..., drop:]], held_from + min(drop, joined.shape[-1])
+        while window.end < last and (block := next(blocks, None)) is not None:
+            window.append(block)
+        yield window.slice(first, last)
+        window.drop_before(last)

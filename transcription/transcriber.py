@@ -22,7 +22,7 @@ from pathlib import Path
 
 import numpy as np
 
-from transcription.audio_file import SAMPLE_RATE, AudioReader
+from transcription.audio_file import SAMPLE_RATE, AudioReader, AudioWindow
 from transcription.diarization import Diarizer
 from transcription.errors import AudioTooLong
 from transcription.guard import rejection
@@ -34,29 +34,6 @@ from transcription.stitch import stitch
 from transcription.vad_stream import FRAME_SAMPLES, StreamingSileroVAD
 
 Progress = Callable[[float, float | None], None]  # (audio seconds read, total if known)
-
-
-class _AudioWindow:
-    """The decoded audio still needed: from `start` (a sample index) to what was read."""
-
-    def __init__(self) -> None:
-        self.start = 0
-        self._blocks: list[np.ndarray] = []
-
-    def append(self, block: np.ndarray) -> None:
-        self._blocks.append(block)
-
-    def slice(self, start: int, end: int) -> np.ndarray:
-        joined = np.concatenate(self._blocks) if len(self._blocks) != 1 else self._blocks[0]
-        self._blocks = [joined]
-        return joined[max(0, start - self.start): max(0, end - self.start)].copy()
-
-    def drop_before(self, sample: int) -> None:
-        if sample <= self.start or not self._blocks:
-            return
-        joined = np.concatenate(self._blocks)
-        cut = min(sample - self.start, len(joined))
-        self._blocks, self.start = [joined[cut:]], self.start + cut
 
 
 class Transcriber:
@@ -87,7 +64,7 @@ class Transcriber:
             finally:
                 in_flight.release()
 
-        vad, segmenter, window = StreamingSileroVAD(), Segmenter(self._options.segmenting), _AudioWindow()
+        vad, segmenter, window = StreamingSileroVAD(), Segmenter(self._options.segmenting), AudioWindow()
         blocks = iter(reader)
         try:
             while True:

@@ -21,7 +21,6 @@ import json
 from collections.abc import Sequence
 from dataclasses import dataclass, field
 
-import httpx
 import numpy as np
 from websockets.asyncio.client import ClientConnection, connect
 from websockets.exceptions import ConnectionClosed, InvalidHandshake
@@ -30,7 +29,7 @@ from models.errors import CadenceError, CapacityError, ConfigError, WorkerUnavai
 from models.orpheus.codec_wire import (
     FINAL, FLUSH, PATH, STEP, TRY_AGAIN_LATER, WINDOW, CodecRequest, CodecWireError, decode_audio, encode_request)
 from models.orpheus.tokens import SAMPLE_RATE
-from models.replicas import ReplicaSet
+from models.remote import RemoteOptions, WorkerClient
 
 _MAX_ANSWER_BYTES = 4 << 20  # the largest answer: a few seconds of float32 audio
 
@@ -56,13 +55,10 @@ class RemoteCodecStream:
 
 class RemoteSnacCodec:
     def __init__(self, urls: str | Sequence[str], options: RemoteCodecOptions = RemoteCodecOptions()) -> None:
-        given = (urls,) if isinstance(urls, str) else tuple(urls)
-        if not given or not all(u.startswith(("http://", "https://")) for u in given):
-            raise ConfigError(f"codec worker urls must be http(s):// URLs; got {given!r}")
-        try:
-            self._replicas = ReplicaSet([u.rstrip("/") for u in given])
-        except ValueError as exc:
-            raise ConfigError(f"codec worker urls: {exc}") from None
+        # The HTTP side our other workers' clients use: URL checks, readiness, the replica choice.
+        self._workers = WorkerClient(urls, "codec", RemoteOptions(connect_timeout_s=options.connect_timeout_s,
+                                                                  ready_timeout_s=options.ready_timeout_s))
+        self._replicas = self._workers.replicas
         self._urls = self._replicas.urls
         self._options = options
         self._facts: dict[str, float] | None = None
@@ -72,27 +68,14 @@ class RemoteSnacCodec:
 
     def load(self) -> RemoteSnacCodec:
         """Blocking: every replica must be a ready codec worker, and all of them must decode alike."""
-        facts = [self._ready_facts(url) for url in self._urls]
+        facts = [{key: body[key] for key in ("sample_rate", "delay_samples", "flush_frames")}
+                 for body in self._workers.check_ready().values()]
         if any(f != facts[0] for f in facts):
             raise ConfigError(f"the codec replicas {', '.join(self._urls)} disagree on their stream facts {facts}")
         if facts[0]["sample_rate"] != SAMPLE_RATE:
             raise ConfigError(f"the codec at {self._urls[0]} decodes at {facts[0]['sample_rate']} Hz, not {SAMPLE_RATE}")
         self._facts = facts[0]
         return self
-
-    def _ready_facts(self, url: str) -> dict[str, float]:
-        timeout = httpx.Timeout(self._options.ready_timeout_s, connect=self._options.connect_timeout_s)
-        try:
-            answer = httpx.get(f"{url}/readyz", timeout=timeout)
-        except httpx.TransportError as exc:
-            raise WorkerUnavailableError(f"codec worker at {url} cannot be reached ({type(exc).__name__}: {exc}); "
-                                         "is it running?") from exc
-        body = answer.json() if answer.headers.get("content-type", "").startswith("application/json") else {}
-        if answer.status_code != 200:
-            raise WorkerUnavailableError(f"codec worker at {url} is not ready: {body.get('error') or answer.status_code}")
-        if body.get("role") != "codec":
-            raise ConfigError(f"the worker at {url} serves {body.get('role')!r}, not codec; check the worker URLs")
-        return {key: body[key] for key in ("sample_rate", "delay_samples", "flush_frames")}
 
     @property
     def _stream_facts(self) -> dict[str, float]:
@@ -211,6 +194,7 @@ class RemoteSnacCodec:
             self.release(stream)
         if self._closing:
             await asyncio.gather(*self._closing, return_exceptions=True)
+        await self._workers.aclose()
 
 
 def _refusal(url: str, text: str) -> CadenceError:

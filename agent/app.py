@@ -66,7 +66,7 @@ def create_app(config: CadenceConfig, *, engines: Engines | None = None, engines
                                        Path(config.transcription.upload_dir), on_end=metrics.observe_transcription)
     readiness = Readiness()
     for name, engine in (("asr", engines.asr), ("llm", engines.llm), ("tts", engines.tts),
-                         ("embedder", engines.embedder)):
+                         ("embedder", engines.embedder), ("turn_end", engines.turn_end)):
         if engine is not None:
             metrics.track_queue_depth(name, lambda e=engine: e.queue_depth)
 

@@ -45,11 +45,15 @@ class ActiveCall:
     end_reason: str = "completed"
     bad_messages: int = 0
     pending_writes: set[asyncio.Task] = field(default_factory=set)
+    hearing: str = ""  # the caller's words so far in the turn under way (streaming partials)
+
+    def heard(self, partial: str) -> None:
+        self.hearing = partial
 
     def snapshot(self) -> dict[str, Any]:
         turns = self.voice.observer.timeline.turns if self.voice else []
         return {"id": self.id, "agent": self.agent.name, "transport": self.transport, "external_id": self.external_id,
-                "started_at": self.started_at, "live": True,
+                "started_at": self.started_at, "live": True, "hearing": self.hearing,
                 "turns": [turn_to_dict(t) for t in turns]}
 
     def progress(self) -> dict[str, Any]:
@@ -142,6 +146,9 @@ class CallManager:
                 on_retrieval_miss=lambda reason: self._metrics.retrieval_misses.labels(reason).inc(),
                 on_redacted=lambda count: self._metrics.redactions.labels("call").inc(count),
                 on_asr_rejected=lambda reason: self._metrics.asr_guard_triggers.labels("live", reason).inc(),
+                on_partial=call.heard,
+                on_pause_verdict=lambda verdict: self._metrics.pause_verdicts.labels(verdict.reason).inc(),
+                on_eager_reply=lambda outcome: self._metrics.eager_replies.labels(outcome).inc(),
                 enable_rtvi=enable_rtvi,
             )
             @call.voice.task.event_handler("on_idle_timeout")
@@ -190,6 +197,7 @@ class CallManager:
             await call.voice.task.cancel()
 
     def _turn_closed(self, call: ActiveCall, turn: Turn) -> None:
+        call.hearing = ""
         self._metrics.observe_turn(turn, call.transport)
         if self._events is not None:
             self._events.publish(turn_summary(call.id, call.agent.name, call.transport, turn))

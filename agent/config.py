@@ -21,6 +21,7 @@ from models.llama_cpp_llm import LlamaCppOptions
 from models.orpheus.options import OrpheusOptions
 from models.piper_tts import PiperOptions
 from models.whisper_asr import WhisperOptions
+from pipelines.turn_end import TurnEndOptions
 from transcription.jobs import JobLimits
 from transcription.options import TranscriptionOptions
 
@@ -94,6 +95,21 @@ class ASRConfig(WhisperOptions):
     # pass, which then decodes only the rest. 0 turns it off (the default until measured to
     # pay for its CPU on a loaded machine; see pipelines/stt.py).
     partial_every_s: float = 0.0
+
+
+@dataclass(frozen=True)
+class TurnEndConfig(TurnEndOptions):
+    # Judge every pause by the caller's words and voice (pipelines/turn_end.py): a finished
+    # turn ends after complete_pause_s, an unfinished one waits up to incomplete_pause_s, the
+    # rest after the agent's vad stop. Needs asr.speculate_after_secs > 0 (the words).
+    # Off: every pause is the agent's vad stop.
+    enabled: bool = True
+    # The voice's judge: Smart Turn v3 as ONNX (package:<name> or a .onnx path); "" for none,
+    # and then the words alone can only lengthen a pause, never shorten it.
+    voice_model: str = "package:smart-turn-v3.2"
+    # Start the reply at the pause, on the speculative transcript; it is held until the
+    # turn ends, and dropped if the caller goes on or the final words differ.
+    eager_reply: bool = True
 
 
 @dataclass(frozen=True)
@@ -177,6 +193,7 @@ class CadenceConfig:
     limits: CallLimits = field(default_factory=CallLimits)
     vad: VADConfig = field(default_factory=VADConfig)
     asr: ASRConfig = field(default_factory=ASRConfig)
+    turn_end: TurnEndConfig = field(default_factory=TurnEndConfig)
     llm: LLMConfig = field(default_factory=LLMConfig)
     tts: TTSConfig = field(default_factory=TTSConfig)
     agents: AgentsConfig = field(default_factory=AgentsConfig)

@@ -13,7 +13,7 @@ from dataclasses import replace
 from agent.config import CadenceConfig
 from agent.errors import ConfigError
 from agent.model_plane import Endpoint
-from models.base import ASREngine, EmbeddingEngine, LLMEngine, TTSEngine
+from models.base import ASREngine, EmbeddingEngine, LLMEngine, TTSEngine, TurnEndEngine
 from pipelines.voice import Engines
 
 log = logging.getLogger(__name__)
@@ -98,11 +98,21 @@ def build_embedder(config: CadenceConfig, endpoint: Endpoint | None = None) -> E
     return build(config.knowledge.embedding)
 
 
+def build_turn_end(config: CadenceConfig) -> TurnEndEngine | None:
+    """The voice's end-of-turn judge: always in-process (~40 ms on one core, no batching to gain)."""
+    if not (config.turn_end.enabled and config.turn_end.voice_model):
+        return None
+    from models.smart_turn import SmartTurnEngine, SmartTurnOptions
+
+    return SmartTurnEngine(SmartTurnOptions(model=config.turn_end.voice_model))
+
+
 def build_engines(config: CadenceConfig, endpoints: Mapping[str, Endpoint] | None = None) -> Engines:
     """`endpoints`: role -> the worker serving it; roles not in it run in-process."""
     at = (endpoints or {}).get
     return Engines(asr=build_asr(config, at("asr")), llm=build_llm(config, at("llm")),
-                   tts=build_tts(config, at("tts"), at("codec")), embedder=build_embedder(config, at("embedder")))
+                   tts=build_tts(config, at("tts"), at("codec")), embedder=build_embedder(config, at("embedder")),
+                   turn_end=build_turn_end(config))
 
 
 async def close_engines(engines: Engines, *, timeout_s: float = 10.0) -> None:

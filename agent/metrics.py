@@ -52,6 +52,15 @@ class CadenceMetrics:
             "cadence_asr_guard_triggers_total",
             "Transcripts the hallucination guard rejected (each retried hotter, then re-chunked), by reason",
             ["path", "reason"], registry=self.registry)
+        self.pause_verdicts = Counter(
+            "cadence_turn_end_verdicts_total",
+            "Callers' pauses by how long the turn-end judge let them be (finished: short; "
+            "words_unfinished / voice_unfinished: long; undecided: the agent's pause)",
+            ["reason"], registry=self.registry)
+        self.eager_replies = Counter(
+            "cadence_eager_replies_total",
+            "Replies started at a pause, by how they ended (confirmed: used; missed / withdrawn / expired: dropped)",
+            ["outcome"], registry=self.registry)
         self.transcriptions = Counter("cadence_transcriptions_total", "Transcription jobs by how they ended",
                                       ["status"], registry=self.registry)
         self.transcribed_audio_seconds = Counter("cadence_transcribed_audio_seconds_total",

@@ -7,6 +7,7 @@ const hangupButton = document.getElementById("hangup");
 const statusLabel = document.getElementById("status");
 const remoteAudio = document.getElementById("remote");
 const turnList = document.getElementById("turns");
+const hearing = document.getElementById("hearing");  // the caller's words so far, while they speak
 const agentSelect = document.getElementById("agent");
 
 const TRANSCRIPT_POLL_MS = 700;
@@ -95,7 +96,10 @@ function pollTranscript(callId) {
   pollTimer = setInterval(async () => {
     try {
       const response = await fetch(`/api/calls/${encodeURIComponent(callId)}`);
-      if (response.ok) renderTurns((await response.json()).turns || []);
+      if (!response.ok) return;
+      const call = await response.json();
+      renderTurns(call.turns || []);
+      renderHearing(call.hearing || "");
     } catch (_) { /* the next poll retries */ }
   }, TRANSCRIPT_POLL_MS);
 }
@@ -111,6 +115,12 @@ function renderTurns(turns) {
     item.querySelector(".agent").textContent = turn.reply_text;
     return item;
   }));
+}
+
+// Streaming partials (when the server has asr.partial_every_s on): shown until the turn closes.
+function renderHearing(text) {
+  hearing.querySelector(".partial").textContent = text;  // text, never HTML
+  hearing.hidden = !text;
 }
 
 function hangUp() {

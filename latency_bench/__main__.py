@@ -8,6 +8,8 @@
     python -m latency_bench compare --callers N --turns K --out DIR
     python -m latency_bench retrieval-ab --url URL [--agent NAME] [--rounds 3] --turns K --out DIR
     python -m latency_bench quality --url URL --agent NAME --out DIR [--no-spoken] [--runs 1]
+    python -m latency_bench pauses [--url URL] --out DIR [--runs 3] [--pause-s 0.6] [--set KEY=VALUE ...]
+        [--agent-file AGENT.yaml --agent NAME]
 
 `run` measures N synthetic callers (with --ramp: 1, 2, 4, ... N in turn); `capacity`
 raises the number of callers until TTFS p95 breaks the SLO or replies underrun;
@@ -16,7 +18,9 @@ the same models, both started by the bench, and prints ours / stock.
 Each writes DIR/results.json and PNG plots, and prints a JSON summary. `quality` asks
 the question set (latency_bench/quality_set.json) by text chat and, for its spoken
 subset, by phone call; it writes DIR/quality.json and prints grounded-answer accuracy,
-refusal rate and reply length for each path.
+refusal rate and reply length for each path. `pauses` has one caller stop mid-sentence
+and ask complete questions in turn (latency_bench/pauses.py): it counts replies that
+came inside the pauses, and the complete questions' TTFS.
 """
 
 from __future__ import annotations
@@ -44,6 +48,7 @@ def headline(results: dict) -> dict:
                 "ttfb_ms_p50": caller["ttfb_ms"]["p50"],
                 "barge_in_stop_ms_p50": caller["barge_in_stop_ms"]["p50"],
                 "server_ttfs_ms_p50": summary["server_ttfs_ms"]["p50"],
+                "final_transcript_ms": {q: summary["final_transcript_ms"][q] for q in ("p50", "p95")},
                 "server_stage_ms_p50": {s: d["p50"] for s, d in summary["server_stage_ms"].items()}}
     return {"levels": [{"callers": lv["callers"], **brief(lv["summary"])} for lv in results["levels"]],
             "all": brief(results["summary"])}
@@ -134,6 +139,19 @@ def cmd_quality(args) -> dict:
     return results["summary"]
 
 
+def cmd_pauses(args) -> dict:
+    from latency_bench import pauses
+
+    with contextlib.ExitStack() as stack:
+        url = _started_server(stack, args, 1)
+        asyncio.run(bench.wait_until_ready(url))
+        runs = [asyncio.run(pauses.one_run(url, args.pause_s, agent=args.agent)) for _ in range(args.runs)]
+    results = {"pause_s": args.pause_s, "runs": runs, "summary": pauses.summary(runs)}
+    args.out.mkdir(parents=True, exist_ok=True)
+    (args.out / "pauses.json").write_text(json.dumps(results, indent=2))
+    return results["summary"] | {"server_per_run": [r["server"] for r in runs]}
+
+
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(prog="python -m latency_bench", description=__doc__.split("\n\n")[0])
     sub = parser.add_subparsers(dest="command", required=True)
@@ -156,7 +174,13 @@ def main(argv: list[str] | None = None) -> int:
     cap_p = sub.add_parser("capacity", help="largest sustained concurrency within the SLO")
     common(cap_p, url_required=False)
     cap_p.add_argument("--slo-ms", type=float, default=1500.0, help="TTFS p95 SLO (default 1500 ms, for CPU)")
-    for p in (run_p, cap_p):  # without --url the bench starts (and stops) the server itself
+    pau_p = sub.add_parser("pauses", help="mid-sentence pauses: replies inside them, and TTFS of complete questions")
+    pau_p.add_argument("--url", help="server base URL (default: the bench starts one)")
+    pau_p.add_argument("--out", type=Path, required=True, help="folder for pauses.json")
+    pau_p.add_argument("--runs", type=int, default=3, help="calls of ten turns each (five paused, five complete)")
+    pau_p.add_argument("--pause-s", type=float, default=0.6, help="the pause in the middle of each paused sentence")
+    pau_p.add_argument("--agent", help="the agent the caller asks for (default: the server's default agent)")
+    for p in (run_p, cap_p, pau_p):  # without --url the bench starts (and stops) the server itself
         p.add_argument("--config", type=Path, help="config of the server the bench starts (default: configs/default.yaml)")
         p.add_argument("--deployment", help="where the started server runs each model: a deployment file, "
                                             "or none (all in-process); default: the config's")
@@ -199,7 +223,7 @@ def main(argv: list[str] | None = None) -> int:
     if args.command == "compare" and args.transport != "twilio":
         parser.error("compare runs over the phone transport (the baseline serves /ws/twilio only)")
     command = {"run": cmd_run, "capacity": cmd_capacity, "compare": cmd_compare,
-               "retrieval-ab": cmd_retrieval_ab, "quality": cmd_quality}[args.command]
+               "retrieval-ab": cmd_retrieval_ab, "quality": cmd_quality, "pauses": cmd_pauses}[args.command]
     try:
         print(json.dumps(command(args), indent=2, default=str))
     except (TimeoutError, RuntimeError, ConnectionError) as exc:

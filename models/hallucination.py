@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import gzip
+import re
 
 # Text that gzips this well is a repetition loop ("I'm sorry. I'm sorry. ...").
 MAX_COMPRESSION_RATIO = 2.4
@@ -20,3 +21,23 @@ def too_fast(text: str, audio_seconds: float) -> bool:
 def compression_ratio(text: str) -> float:
     raw = text.encode("utf-8")
     return len(raw) / len(gzip.compress(raw)) if raw else 0.0
+
+
+# A phrase said this many times in a row: a decoder loop too short for gzip to notice
+# ("Hello. Hello. Hello. Hello."). A single word gets one more ("no, no, no" is speech).
+MAX_PHRASE_REPEATS = 3
+MAX_PHRASE_WORDS = 4
+_WORD = re.compile(r"[\w']+")
+
+
+def repeats_itself(text: str) -> bool:
+    """Some phrase of 1-4 words comes more than MAX_PHRASE_REPEATS times in a row (a single
+    word: more than MAX_PHRASE_REPEATS + 1)."""
+    words = _WORD.findall(text.lower())
+    for size in range(1, MAX_PHRASE_WORDS + 1):
+        allowed = MAX_PHRASE_REPEATS + (1 if size == 1 else 0)
+        for start in range(len(words) - size * (allowed + 1) + 1):
+            phrase = words[start : start + size]
+            if all(words[start + k * size : start + (k + 1) * size] == phrase for k in range(1, allowed + 1)):
+                return True
+    return False

@@ -47,6 +47,7 @@ class TurnContextFrame(LLMContextFrame):
 
     passages: list[Passage] = field(default_factory=list)
     retrieval_missed: bool = False  # the search failed or ran out of time; no passages
+    # (`speculation`, inherited: an eager reply to a turn not yet over; the LLM holds it.)
 
 
 def _normalise(text: str) -> str:
@@ -117,7 +118,7 @@ class RetrievalProcessor(FrameProcessor):
         if not query or not query.strip():
             if prefetch is not None:
                 prefetch.task.cancel()
-            return TurnContextFrame(context=frame.context)
+            return TurnContextFrame(context=frame.context, speculation=frame.speculation)
         if prefetch is not None and prefetch.query == _normalise(query):
             self.prefetch_hits += 1
             search = prefetch.task
@@ -134,13 +135,13 @@ class RetrievalProcessor(FrameProcessor):
             search.cancel()
             log.warning("retrieval took over %.0f ms; this turn is answered without passages", self._timeout_s * 1000)
             self._on_miss("timeout")
-            return TurnContextFrame(context=frame.context, retrieval_missed=True)
+            return TurnContextFrame(context=frame.context, speculation=frame.speculation, retrieval_missed=True)
         except Exception as exc:  # an index error must not cost the caller the reply
             log.warning("retrieval failed (%s: %s); this turn is answered without passages",
                         exc.__class__.__name__, exc)
             self._on_miss("error")
-            return TurnContextFrame(context=frame.context, retrieval_missed=True)
-        return TurnContextFrame(context=frame.context, passages=fit_passages(passages, self._max_tokens))
+            return TurnContextFrame(context=frame.context, speculation=frame.speculation, retrieval_missed=True)
+        return TurnContextFrame(context=frame.context, speculation=frame.speculation, passages=fit_passages(passages, self._max_tokens))
 
     async def cleanup(self) -> None:
         self._drop_prefetch()

@@ -17,6 +17,13 @@ final transcript are forced to begin with the settled words (`transcribe_continu
 final costs only the decoding of the words not yet settled, and settled words never
 change. Partial passes are wanted later than any final, so under load other calls' turns
 go first. Every pass is checked (`rejection`); a rejected one is dropped and counted.
+
+At each pause the turn-end judge (`pause_judge`, pipelines/pause_judge.py) hears the voice
+beside the speculative transcript and tells the VAD how long this pause may be before the
+turn ends. With `eager_reply`, a plausible speculative transcript is also pushed as an
+eager end of turn (pipecat's `EagerTranscriptionFrame`): the reply is generated from it
+while the VAD waits, and held until the turn ends (pipelines/eager_turn.py); if the caller
+goes on, it is withdrawn.
 """
 
 from __future__ import annotations
@@ -41,13 +48,15 @@ from pipecat.frames.frames import (
 from pipecat.processors.frame_processor import FrameDirection
 from pipecat.services.settings import STTSettings
 from pipecat.services.stt_service import SegmentedSTTService
+from pipecat.turns.eager_end_of_turn_mixin import EagerEndOfTurnSTTServiceMixin
 from pipecat.utils.time import time_now_iso8601
 
 from models.errors import CadenceError
 from models.scheduling import wanted_in
 from models.base import ASREngine, Transcript
-from models.hallucination import MAX_COMPRESSION_RATIO, compression_ratio, too_fast
+from models.hallucination import MAX_COMPRESSION_RATIO, compression_ratio, repeats_itself, too_fast
 from pipelines.local_agreement import LocalAgreement
+from pipelines.pause_judge import PauseJudge
 from pipelines.retrieval import SpeculativeTranscriptFrame
 from pipelines.speech_end import silent_tail_seconds
 
@@ -65,12 +74,15 @@ PARTIAL_LEAD_S = 1.0
 
 def rejection(transcript: Transcript) -> str | None:
     """Why a transcript is not passed on (a metric label), or None: empty text, a
-    repetition loop, words faster than anyone speaks, text over what was likely silence."""
+    repetition loop (long or short), words faster than anyone speaks, text over what was
+    likely silence."""
     text = transcript.text.strip()
     if not text:
         return "empty"
     if compression_ratio(text) > MAX_COMPRESSION_RATIO:
         return "compression_ratio"
+    if repeats_itself(text):
+        return "repetition"
     if too_fast(text, transcript.audio_seconds):
         return "words_per_second"
     if transcript.no_speech_probability is not None and transcript.no_speech_probability > MAX_NO_SPEECH_PROBABILITY \
@@ -96,15 +108,21 @@ class _Speculation:
     task: asyncio.Task
 
 
-class EngineSTTService(SegmentedSTTService):
+class EngineSTTService(EagerEndOfTurnSTTServiceMixin, SegmentedSTTService):
     def __init__(self, engine: ASREngine, *, max_segment_seconds: float, clock=time.time,
                  speculation_lead_s: float | None = 0.0, partial_every_s: float = 0.0,
-                 on_rejected: Callable[[str], None] = lambda reason: None, **kwargs) -> None:
+                 on_rejected: Callable[[str], None] = lambda reason: None,
+                 on_partial: Callable[[str], None] = lambda text: None,
+                 pause_judge: PauseJudge | None = None, eager_reply: bool = False, **kwargs) -> None:
         """`speculation_lead_s`: when a guess made at a pause is wanted (the turn's end);
         None leaves guesses in arrival order with every other request. `partial_every_s`:
         streaming partials every that much new speech (0: none). `on_rejected(reason)`:
-        told of every transcript the plausibility check drops."""
+        told of every transcript the plausibility check drops; `on_partial(text)`, of every
+        partial transcript. `pause_judge`: decides each pause's length (None: the VAD's own).
+        `eager_reply`: answer the speculative transcript while the VAD waits (held until
+        the turn ends)."""
         super().__init__(
+            enable_eager_end_of_turn=eager_reply,
             sample_rate=engine.sample_rate,
             trailing_silence_secs=0.0,
             settings=STTSettings(model=None, language=None),
@@ -124,6 +142,8 @@ class EngineSTTService(SegmentedSTTService):
         self._partial_from_bytes = 0  # the turn's audio length when the last partial pass started
         self._settled_at_end: collections.deque[str] = collections.deque()  # per queued segment
         self._on_rejected = on_rejected
+        self._on_partial = on_partial
+        self._pause_judge = pause_judge
         self.partials_pushed = 0
         self._paused = False  # the VAD heard a pause: the turn may be ending, the final comes first
 
@@ -132,30 +152,51 @@ class EngineSTTService(SegmentedSTTService):
         starts until they go on: if the turn ends here, the final must find the model free."""
         self._paused = True
         if self._speculation is not None or not self._user_speaking or not self._audio_buffer:
+            if self._pause_judge is not None and self._speculation is None:
+                self._pause_judge.undecided()
             return
         audio = bytes(self._audio_buffer)
-        task = self.create_task(self._speculate(self._fit(audio), self._agreement.committed_text),
+        voice = self._pause_judge.listen(audio) if self._pause_judge is not None else None
+        task = self.create_task(self._speculate(self._fit(audio), self._agreement.committed_text, voice),
                                 name="speculative-asr")
         # A dropped guess may have failed (engine busy); mark its error seen so asyncio does not
         # report it. A guess that is used re-raises its error where it is awaited.
         task.add_done_callback(lambda t: t.cancelled() or t.exception())
         self._speculation = _Speculation(audio_bytes=len(audio), task=task)
 
-    async def _speculate(self, audio: bytes, settled: str) -> Transcript:
+    async def _speculate(self, audio: bytes, settled: str, voice: asyncio.Task | None) -> Transcript:
         # Wanted when the pause would end the turn: a final transcript (another call's turn
         # that has ended) goes first if both wait for the engine.
         lead = self._speculation_lead_s
-        with wanted_in(lead) if lead is not None else contextlib.nullcontext():
-            transcript = await self._continuing(audio, settled)
-        if is_plausible(transcript):
+        try:
+            with wanted_in(lead) if lead is not None else contextlib.nullcontext():
+                transcript = await self._continuing(audio, settled)
+        except CadenceError:
+            if self._pause_judge is not None:
+                self._pause_judge.undecided()
+            raise
+        finally:
+            if voice is not None and asyncio.current_task().cancelling():
+                voice.cancel()  # the caller went on: nobody needs the verdict
+        plausible = is_plausible(transcript)
+        if plausible:
             # Retrieval starts on the guess now, so its passages are ready when the turn ends.
             await self.push_frame(SpeculativeTranscriptFrame(text=transcript.text))
+            # Pushed before the verdict can end the turn, so the reply starts first.
+            await self._push_eager_end_of_turn(transcript.text, user_id=self._user_id)
+        if self._pause_judge is not None:
+            verdict = await self._pause_judge.decide(transcript.text if plausible else None, voice)
+            if self._paused:  # still this pause: a resumed caller has cancelled this task
+                self._pause_judge.apply(verdict)
         return transcript
 
     def speech_resumed(self) -> None:
         """The caller went on talking: the speculative transcript is missing words."""
         self._paused = False
         self._drop_speculation()
+        if self.eager_end_of_turn_pending:
+            # A system frame: it overtakes queued frames and withdraws the held reply.
+            self.create_task(self._cancel_eager_end_of_turn(), name="withdraw-eager-reply")
 
     def _drop_speculation(self) -> None:
         if self._speculation is not None:
@@ -196,6 +237,7 @@ class EngineSTTService(SegmentedSTTService):
             return
         self._agreement.update(transcript.text)
         self.partials_pushed += 1
+        self._on_partial(self._agreement.text)
         await self.push_frame(InterimTranscriptionFrame(self._agreement.text, self._user_id, time_now_iso8601()))
 
     def _drop_partial(self) -> None:
@@ -215,6 +257,8 @@ class EngineSTTService(SegmentedSTTService):
 
     async def _handle_user_stopped_speaking(self, frame: VADUserStoppedSpeakingFrame) -> None:
         await self.push_frame(CallerSpeechEndFrame(last_voiced_at=self._last_voiced_at(frame)))
+        self._clear_eager_end_of_turn()  # the turn is over: the final transcript settles it
+        self._paused = False  # a verdict still out is for a pause that is over
         self._drop_partial()  # the final pass starts now, on all of the turn
         self._settled_at_end.append(self._agreement.committed_text)
         self._agreement.reset()

@@ -12,6 +12,7 @@ from collections.abc import Callable
 from pipecat.frames.frames import (
     BotStartedSpeakingFrame,
     BotStoppedSpeakingFrame,
+    EagerEndOfTurnCancelFrame,
     InterruptionFrame,
     LLMFullResponseEndFrame,
     LLMTextFrame,
@@ -49,6 +50,10 @@ class TurnObserver(BaseObserver):
             if data.first_push:
                 self.timeline.user_stopped_speaking(frame.last_voiced_at)
             return
+        if isinstance(frame, EagerEndOfTurnCancelFrame):
+            if data.first_push:
+                self.timeline.eager_reply_dropped()
+            return
         if isinstance(frame, TTSSentenceTimingFrame):
             if data.first_push:
                 self.timeline.sentence_synthesized(frame.ttfb_seconds)
@@ -59,7 +64,10 @@ class TurnObserver(BaseObserver):
         if isinstance(frame, TranscriptionFrame):
             self.timeline.transcript(frame.text, now)
         elif isinstance(frame, TurnContextFrame):
-            self.timeline.stage("retrieval", now)
+            if frame.speculation:  # an eager reply: its turn has not ended yet
+                self.timeline.stage_ahead("retrieval", now)
+            else:
+                self.timeline.stage("retrieval", now)
         elif isinstance(frame, LLMTextFrame) and not isinstance(frame, TTSTextFrame):
             self.timeline.stage("llm_first_token", now)
         elif isinstance(frame, LLMFullResponseEndFrame):

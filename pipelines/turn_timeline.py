@@ -48,6 +48,9 @@ class TurnTimeline:
 
     A turn opens when the caller stops speaking, collects stage times once each, and
     closes when the reply finishes or is interrupted; `on_turn_closed` gets closed turns.
+    An eager reply (started at a pause, before the turn ended) reaches some stages early:
+    they are kept aside (`stage_ahead`) and given to the turn its final transcript opens,
+    unless the eager reply is dropped first.
     """
 
     def __init__(self, on_closed: Callable[[Turn], None] = lambda turn: None) -> None:
@@ -56,6 +59,8 @@ class TurnTimeline:
         self._open: Turn | None = None
         self._bot_speaking = False
         self._reply_generated = False  # the LLM finished; the next bot silence ends the turn
+        self._ahead: dict[str, float] = {}  # stages an eager reply reached before its turn ended
+        self._from_ahead: set[str] = set()  # of the open turn's stages, those an eager reply gave it
 
     @property
     def current(self) -> Turn | None:
@@ -80,12 +85,38 @@ class TurnTimeline:
         turn.user_text = f"{turn.user_text} {text}".strip() if turn.user_text else text
         # A second transcript in one turn moves asr_final: the reply waits for the last one.
         turn.stage_at["asr_final"] = at
+        for name, early in self._ahead.items():
+            if name not in turn.stage_at:
+                turn.stage_at[name] = early
+                self._from_ahead.add(name)
+        self._ahead.clear()
 
     def stage(self, name: str, at: float) -> None:
         if name not in STAGES:
             raise ValueError(f"unknown stage {name!r}")
         if self._open is not None and "asr_final" in self._open.stage_at:
             self._open.stage_at.setdefault(name, at)
+
+    def stage_ahead(self, name: str, at: float) -> None:
+        """An eager reply (started before its turn ended) reached a stage. The turn may have
+        ended since: then the stage is that turn's, unless its reply has begun to play."""
+        if name not in STAGES:
+            raise ValueError(f"unknown stage {name!r}")
+        turn = self._open
+        if turn is not None and "asr_final" in turn.stage_at and "first_audio_sent" not in turn.stage_at:
+            if name not in turn.stage_at:
+                turn.stage_at[name] = at
+                self._from_ahead.add(name)
+            return
+        self._ahead.setdefault(name, at)
+
+    def eager_reply_dropped(self) -> None:
+        """Dropped, even after its turn's transcript (whose words differed): its stages go."""
+        self._ahead.clear()
+        if self._open is not None:
+            for name in self._from_ahead:
+                self._open.stage_at.pop(name, None)
+        self._from_ahead.clear()
 
     def sentence_synthesized(self, ttfb_seconds: float) -> None:
         """A reply sentence's first audio came out of TTS, `ttfb_seconds` after it was asked for."""
@@ -130,5 +161,6 @@ class TurnTimeline:
         turn.completed_at = at
         self._open = None
         self._reply_generated = False
+        self._from_ahead.clear()
         self._on_closed(turn)
         return turn

@@ -1,6 +1,6 @@
 """Assembles one call's voice pipeline:
 
-    caller audio -> transport in -> STT -> user turn (Silero VAD) -> retrieval -> LLM -> TTS
+    caller audio -> transport in -> STT -> user turn (Silero VAD + pause judge) -> retrieval -> LLM -> TTS
                  -> transport out -> assistant context (only what was spoken)
 
 Engines are shared by all calls; everything built here belongs to one call, and follows
@@ -25,13 +25,16 @@ from pipecat.turns.user_turn_strategies import UserTurnStrategies
 from pipecat.frames.frames import TTSSpeakFrame
 
 from agent.config import CadenceConfig
-from models.base import ASREngine, EmbeddingEngine, LLMEngine, TTSEngine
+from models.base import ASREngine, EmbeddingEngine, LLMEngine, TTSEngine, TurnEndEngine
 from pipelines.call_agent import CallAgent
+from pipelines.eager_turn import EagerSpeechTimeoutStopStrategy
 from pipelines.llm import EngineLLMService
+from pipelines.pause_judge import PauseJudge
 from pipelines.retrieval import RetrievalProcessor, SearchPassages
 from pipelines.stt import EngineSTTService
 from pipelines.tts import EngineTTSService, OrpheusTTSService
 from pipelines.turn_observer import TurnObserver
+from pipelines.turn_end import PauseVerdict
 from pipelines.turn_timeline import Turn
 from pipelines.vad import PauseAwareSileroVAD
 
@@ -46,9 +49,10 @@ class Engines:
     llm: LLMEngine
     tts: TTSEngine
     embedder: EmbeddingEngine | None = None  # agents' knowledge search; None: no retrieval
+    turn_end: TurnEndEngine | None = None  # the voice's end-of-turn judge; None: words alone
 
     def all(self) -> tuple:
-        return tuple(e for e in (self.asr, self.llm, self.tts, self.embedder) if e is not None)
+        return tuple(e for e in (self.asr, self.llm, self.tts, self.embedder, self.turn_end) if e is not None)
 
 
 @dataclass(frozen=True)
@@ -70,37 +74,51 @@ def build_voice_call(
     on_retrieval_miss: Callable[[str], None] = lambda reason: None,
     on_redacted: Callable[[int], None] = lambda count: None,
     on_asr_rejected: Callable[[str], None] = lambda reason: None,
+    on_partial: Callable[[str], None] = lambda text: None,
+    on_pause_verdict: Callable[[PauseVerdict], None] = lambda verdict: None,
+    on_eager_reply: Callable[[str], None] = lambda outcome: None,
     enable_rtvi: bool = False,
 ) -> VoiceCall:
     """`search` finds passages in the agent's knowledge; None (or retrieval off) skips retrieval."""
     by_wanted = config.server.schedule == "wanted-by"
-    stt = EngineSTTService(engines.asr, max_segment_seconds=config.limits.max_user_turn_seconds,
-                           speculation_lead_s=max(0.0, agent.vad_stop_secs - agent.speculate_after_secs)
-                           if by_wanted else None,
-                           partial_every_s=config.asr.partial_every_s, on_rejected=on_asr_rejected)
+    # Judging pauses needs the words at the pause: the speculative transcript.
+    judged = config.turn_end.enabled and agent.speculate_after_secs > 0
+    eager = judged and config.turn_end.eager_reply
+    longest_pause_s = max(config.turn_end.incomplete_pause_s, agent.vad_stop_secs)
     vad = PauseAwareSileroVAD(
         params=VADParams(
             confidence=config.vad.confidence,
             start_secs=config.vad.start_secs,
-            stop_secs=agent.vad_stop_secs,
+            # With a judge, the longest pause; each pause's verdict shortens it.
+            stop_secs=longest_pause_s if judged else agent.vad_stop_secs,
             min_volume=config.vad.min_volume,
         ),
         # speculate_after_secs = 0 turns speculation off: a pause that never comes.
         pause_secs=agent.speculate_after_secs if agent.speculate_after_secs > 0 else float("inf"),
-        on_pause=stt.speech_paused,
-        on_resume=stt.speech_resumed,
+        on_pause=lambda: stt.speech_paused(),  # the STT, built below, listens to the VAD
+        on_resume=lambda: stt.speech_resumed(),
     )
+    judge = PauseJudge(options=config.turn_end, default_pause_s=agent.vad_stop_secs, allow_pause=vad.allow_pause,
+                       engine=engines.turn_end, on_verdict=on_pause_verdict) if judged else None
+    stt = EngineSTTService(engines.asr, max_segment_seconds=config.limits.max_user_turn_seconds,
+                           speculation_lead_s=max(0.0, agent.vad_stop_secs - agent.speculate_after_secs)
+                           if by_wanted else None,
+                           partial_every_s=config.asr.partial_every_s, on_rejected=on_asr_rejected,
+                           on_partial=on_partial, pause_judge=judge, eager_reply=eager)
     context = LLMContext(messages=[{"role": "system", "content": agent.system_prompt}])
     aggregators = LLMContextAggregatorPair(
         context,
         user_params=LLMUserAggregatorParams(
             vad_analyzer=vad,
             # End the turn on VAD silence plus a final transcript, with no further wait:
-            # the VAD's stop_secs already is the pause we allow (pipecat's default adds
-            # an end-of-turn model that can wait 3 s on a question it judges unfinished).
+            # the VAD's silence already is the pause we allow, judged at each pause by the
+            # words and the voice (pipecat's default instead adds an end-of-turn model that
+            # can wait 3 s on a question it judges unfinished). With an eager reply, the
+            # reply starts at the pause and is held until the turn ends.
             user_turn_strategies=UserTurnStrategies(
                 start=[VADUserTurnStartStrategy()],
-                stop=[SpeechTimeoutUserTurnStopStrategy(user_speech_timeout=0.0)],
+                stop=[EagerSpeechTimeoutStopStrategy(on_outcome=on_eager_reply) if eager
+                      else SpeechTimeoutUserTurnStopStrategy(user_speech_timeout=0.0)],
             ),
         ),
     )

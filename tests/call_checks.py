@@ -23,7 +23,7 @@ def assert_answered_capital_question(call: dict) -> None:
     assert call["end_reason"] == "caller_hung_up"
     stored = call["turns"][0]
     assert stored["ttfs_ms"] is not None and 0 < stored["ttfs_ms"] < 10_000
-    assert set(stored["stage_ms"]) == set(STAGES)
+    assert set(stored["stage_ms"]) == set(STAGES), stored["stage_ms"]
     in_order = [stored["stage_ms"][s] for s in ("asr_final", "llm_first_token", "first_sentence", "first_audio_sent")]
     assert in_order == sorted(in_order), f"stages out of order: {stored['stage_ms']}"
     assert "capital" in stored["user_text"].lower() or "france" in stored["user_text"].lower()

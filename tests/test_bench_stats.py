@@ -137,3 +137,45 @@ def test_the_started_servers_config_takes_the_benchs_settings_and_stays_valid(tm
     assert (changed.asr.partial_every_s, changed.vad.stop_secs, changed.asr.model) == (0.5, 0.3, "package:whisper-base")
     with pytest.raises(ValueError, match="KEY=VALUE"):
         write_bench_config(tmp_path, DEFAULT_CONFIG, max_calls=1, settings=["asr.partial_every_s"])
+
+
+def test_final_transcript_latency_is_read_on_the_callers_clock():
+    from latency_bench.stats import final_transcript_ms
+
+    turn = {"speech_end_at": 100.0, "server": {"end_of_speech_at": 100.05, "stage_ms": {"asr_final": 450.0}}}
+    assert final_transcript_ms(turn) == 500.0  # the server's own clock started 50 ms late
+    assert final_transcript_ms({"speech_end_at": 100.0, "server": None}) is None
+    assert final_transcript_ms({"speech_end_at": 100.0, "server": {"stage_ms": {}}}) is None
+
+
+async def test_the_stock_baseline_records_when_each_final_transcript_came():
+    from pipecat.frames.frames import TranscriptionFrame, VADUserStoppedSpeakingFrame
+    from pipecat.observers.base_observer import FramePushed
+    from pipecat.processors.frame_processor import FrameDirection, FrameProcessor
+
+    from latency_bench.stock_pipecat import transcript_observer
+
+    turns: list[dict] = []
+    observer = transcript_observer(turns)
+    hop = FrameProcessor()
+
+    async def push(frame, first_push=True, direction=FrameDirection.DOWNSTREAM):
+        await observer.on_push_frame(FramePushed(source=hop, destination=hop, frame=frame,
+                                                 direction=direction, timestamp=0, first_push=first_push))
+
+    await push(VADUserStoppedSpeakingFrame(stop_secs=0.2))
+    await push(VADUserStoppedSpeakingFrame(stop_secs=0.2), direction=FrameDirection.UPSTREAM)  # its twin
+    await push(TranscriptionFrame("Where is my package?", "caller", ""))
+    await push(TranscriptionFrame("Where is my package?", "caller", ""), first_push=False)  # a later hop
+    turn, = turns
+    assert turn["user_text"] == "Where is my package?" and 200 <= turn["stage_ms"]["asr_final"] < 1000
+
+
+def test_the_pause_bench_alternates_sentences_broken_mid_way_with_plain_questions():
+    from latency_bench.pauses import longest_silence_s, plan
+
+    turns, paused = plan(0.6)
+    assert paused == [True, False] * 5
+    for turn, is_paused in zip(turns, paused):
+        gap = longest_silence_s(turn.utterance.samples, turn.utterance.rate)
+        assert (0.5 <= gap <= 0.8) if is_paused else gap < 0.3, (turn.utterance.text, gap)

@@ -68,7 +68,20 @@ def question_wav(path: Path) -> Path:
     return path
 
 
-def test_a_browser_call_is_answered_and_its_turn_shows_on_the_dashboard(server, tmp_path):
+@pytest.fixture
+def partials_server(server_config, embedded_engines):
+    """The real server with streaming partials on, so the call page has words to show live."""
+    from dataclasses import replace
+
+    from tests.conftest import running_server
+
+    config = replace(server_config, asr=replace(server_config.asr, partial_every_s=0.5))
+    with running_server(config, embedded_engines) as running:
+        yield running
+
+
+def test_a_browser_call_is_answered_and_its_turn_shows_on_the_dashboard(partials_server, tmp_path):
+    server = partials_server
     node = browser_tools()
     wav = question_wav(tmp_path / "question.wav")
     if ARTIFACTS.exists():
@@ -84,6 +97,9 @@ def test_a_browser_call_is_answered_and_its_turn_shows_on_the_dashboard(server, 
     with httpx.Client(base_url=server.base_url) as http:
         call = http.get(f"/api/calls/{seen['call_id']}").json()
     assert call["transport"] == "webrtc" and not call["live"]
+    # While the caller spoke, the page showed some of their words (a partial transcript).
+    assert {"capital", "france", "hello"} & set(seen["hearing"].lower().replace(".", " ").replace("?", " ").split()), \
+        seen["hearing"]
     assert_answered_capital_question(call)
     stored_ttfs = call["turns"][0]["ttfs_ms"]
     # The dashboard showed this call's first turn with the stored TTFS, live and after a reload.

@@ -58,8 +58,9 @@ async def test_a_call_runs_through_every_model_in_a_worker_process(plane_config)
         workers = server.app.state.model_plane.supervisor.workers
         assert sorted(w.launch.role for w in workers) == ["asr", "embedder", "llm", "tts"]
         engines = server.app.state.engines
-        assert {type(e).__name__ for e in engines.all()} == {
+        assert {type(e).__name__ for e in (engines.asr, engines.llm, engines.tts, engines.embedder)} == {
             "RemoteASREngine", "OpenAIChatLLMEngine", "RemoteTTSEngine", "RemoteEmbeddingEngine"}
+        assert type(engines.turn_end).__name__ == "SmartTurnEngine"  # ~40 ms on one core: stays in-process
         result = await twilio_caller.call(f"{server.ws_url}/ws/twilio", [spoken(QUESTION)])
         turn, = result.turns
         assert turn.error is None and turn.first_audible_at is not None

@@ -148,6 +148,16 @@ def test_plausibility_rules():
     assert is_plausible(Transcript("please book a table for four people", 2.0, 0.1, no_speech_probability=0.8))
 
 
+def test_a_short_loop_too_small_for_gzip_is_caught_as_a_repetition():
+    from models.hallucination import compression_ratio
+    from pipelines.stt import rejection
+
+    loop = "Hello. Hello. Hello. Hello. Hello. Hello."  # a streaming pass seen in a browser call
+    assert compression_ratio(loop) <= 2.4 and rejection(Transcript(loop, 2.0, 0.1)) == "repetition"
+    for speech in ("no, no, no", "thank you thank you thank you", "very very very good"):
+        assert rejection(Transcript(speech, 2.0, 0.1)) is None, speech
+
+
 async def test_every_sentence_reports_its_own_ttfb():
     from pipelines.tts import TTSSentenceTimingFrame
 

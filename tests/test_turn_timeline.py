@@ -95,3 +95,33 @@ def test_unknown_stage_is_an_error():
     with pytest.raises(ValueError):
         TurnTimeline().stage("made_up", 0.0)
     assert STAGES[-1] == "first_audio_sent"
+
+
+def test_an_eager_reply_gives_its_early_stages_to_the_turn_it_answers():
+    timeline = TurnTimeline()
+    timeline.stage_ahead("retrieval", 10.3)  # at the pause, before the turn ended
+    timeline.user_stopped_speaking(10.0)
+    timeline.transcript("Where is my package?", 10.4)
+    assert timeline.current.stage_ms() == {"asr_final": 400.0, "retrieval": 300.0}
+
+
+def test_an_eager_stage_reached_after_the_turn_ended_is_still_its_turns():
+    timeline = TurnTimeline()
+    timeline.user_stopped_speaking(10.0)
+    timeline.transcript("Where is my package?", 10.2)
+    timeline.stage_ahead("retrieval", 10.5)
+    assert timeline.current.stage_ms()["retrieval"] == 500.0
+
+
+def test_a_dropped_eager_reply_takes_its_stages_back():
+    timeline = TurnTimeline()
+    timeline.stage_ahead("retrieval", 10.3)
+    timeline.eager_reply_dropped()  # the caller went on
+    timeline.user_stopped_speaking(11.0)
+    timeline.transcript("Where is my package from Monday?", 11.4)
+    assert "retrieval" not in timeline.current.stage_at
+    timeline.stage_ahead("retrieval", 11.3)  # a second guess, then other final words: dropped too
+    timeline.eager_reply_dropped()
+    assert "retrieval" not in timeline.current.stage_at
+    timeline.stage("retrieval", 11.6)  # the turn answered afresh
+    assert timeline.current.stage_ms()["retrieval"] == 600.0

@@ -5,6 +5,7 @@
 // 1. Opens /dashboard first and waits for its live stream.
 // 2. Opens / in a second tab, starts a call (the microphone is the wav file), and waits
 //    until reply audio arrives: WebRTC's inbound-rtp stats show decoded energy, not silence.
+//    While the caller speaks, the page shows their words so far (streaming partials).
 // 3. Waits for the call to show as in progress, then for its turn to reach the open
 //    dashboard live (a `turn` server-sent event, no reload), then hangs up.
 // 4. Reloads the dashboard (stored turns from /api/turns) and reads the call's row again.
@@ -103,6 +104,11 @@ async function main() {
     await dashboard.locator(`#calls tr[data-call-id="${callId}"]`).waitFor({ timeout: 5000 });
     mark("dashboard_shows_call_in_progress");
 
+    // The caller's words so far, shown while they speak (the server streams partials).
+    await call.locator("#hearing:not([hidden])").waitFor({ timeout: REPLY_TIMEOUT_MS });
+    const hearing = await call.locator("#hearing .partial").textContent();
+    mark("partial_transcript_shown");
+
     const inbound = await waitForReplyAudio(call);
     mark("reply_audio_received");
 
@@ -132,7 +138,7 @@ async function main() {
 
     if (pageErrors.length) throw new Error(`page errors: ${pageErrors.join(" | ")}`);
     const result = JSON.stringify({
-      call_id: callId, inbound_audio: inbound, live_row: live, stored_row: stored, dashboard_p50: p50,
+      call_id: callId, hearing, inbound_audio: inbound, live_row: live, stored_row: stored, dashboard_p50: p50,
       segments, screenshots: [callShot, dashboardShot], timings_ms: timings,
     });
     writeFileSync(path.join(args.out, "result.json"), result);

@@ -24,7 +24,7 @@ import numpy as np
 
 from models.assets import resolve_local
 from models.base import EmbeddingEngine
-from models.runner import ModelRunner
+from models.runner import ModelRunner, RunnerLoad
 
 log = logging.getLogger(__name__)
 
@@ -88,21 +88,13 @@ def l2_normalise(vectors: np.ndarray) -> np.ndarray:
     return (vectors / np.maximum(norms, _NORM_EPSILON)).astype(np.float32, copy=False)
 
 
-class _RunnerEmbedder(EmbeddingEngine):
+class _RunnerEmbedder(RunnerLoad, EmbeddingEngine):
     """What both runtimes share: one model thread, the empty case, the loaded check."""
 
     def __init__(self, options: EmbeddingOptions, *, max_waiting: int = 16) -> None:
         self.options = options
         self.dimensions = 0  # read from the model in load()
         self._runner = ModelRunner("embedder", max_waiting=max_waiting)
-
-    @property
-    def queue_depth(self) -> int:
-        return self._runner.depth
-
-    @property
-    def batch_size(self) -> int | None:
-        return self._runner.batch_size
 
     async def embed(self, texts: Sequence[str]) -> np.ndarray:
         return await self._runner.run(partial(self.embed_blocking, list(texts)))

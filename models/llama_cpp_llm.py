@@ -16,7 +16,7 @@ from dataclasses import dataclass
 from models.errors import ModelAssetError
 from models.assets import resolve_local
 from models.base import ChatMessage, LLMEngine, Sampling
-from models.runner import ModelRunner
+from models.runner import ModelRunner, RunnerLoad
 
 log = logging.getLogger(__name__)
 
@@ -39,19 +39,11 @@ class LlamaCppOptions:
         return Sampling(temperature=self.temperature, top_p=self.top_p, repeat_penalty=self.repeat_penalty)
 
 
-class LlamaCppLLMEngine(LLMEngine):
+class LlamaCppLLMEngine(RunnerLoad, LLMEngine):
     def __init__(self, config: LlamaCppOptions, *, max_waiting: int = 16) -> None:
         self._config = config
         self._llama = None
         self._runner = ModelRunner("llm", max_waiting=max_waiting)
-
-    @property
-    def queue_depth(self) -> int:
-        return self._runner.depth
-
-    @property
-    def batch_size(self) -> int | None:
-        return self._runner.batch_size
 
     def load(self) -> None:
         from llama_cpp import Llama

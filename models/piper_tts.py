@@ -16,7 +16,7 @@ from dataclasses import dataclass
 from models.errors import ModelAssetError
 from models.assets import resolve_local
 from models.base import TTSEngine
-from models.runner import ModelRunner
+from models.runner import ModelRunner, RunnerLoad
 
 log = logging.getLogger(__name__)
 
@@ -31,20 +31,12 @@ class PiperOptions:
     chunk_seconds: float = 0.2
 
 
-class PiperTTSEngine(TTSEngine):
+class PiperTTSEngine(RunnerLoad, TTSEngine):
     def __init__(self, config: PiperOptions, *, max_waiting: int = 16) -> None:
         self._config = config
         self._voice = None
         self.sample_rate = 22_050  # replaced by the voice's own rate at load
         self._runner = ModelRunner("tts", max_waiting=max_waiting)
-
-    @property
-    def queue_depth(self) -> int:
-        return self._runner.depth
-
-    @property
-    def batch_size(self) -> int | None:
-        return self._runner.batch_size
 
     def load(self) -> None:
         try:

@@ -208,3 +208,20 @@ class ModelRunner:
 class _Failure:
     def __init__(self, exc: BaseException) -> None:
         self.exc = exc
+
+
+class RunnerLoad:
+    """For an engine whose inference runs on its own `ModelRunner` (`self._runner`): the
+    queue depth and batch size the dashboard and /metrics show are the runner's. Listed
+    before the engine's contract class, whose defaults it replaces."""
+
+    _runner: ModelRunner
+
+    @property
+    def queue_depth(self) -> int:
+        return self._runner.depth
+
+    @property
+    def batch_size(self) -> int | None:
+        return self._runner.batch_size
+

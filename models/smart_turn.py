@@ -21,7 +21,7 @@ import numpy as np
 from models.assets import resolve_local
 from models.base import TurnEndEngine
 from models.errors import ModelAssetError
-from models.runner import ModelRunner
+from models.runner import ModelRunner, RunnerLoad
 
 log = logging.getLogger(__name__)
 
@@ -36,20 +36,12 @@ class SmartTurnOptions:
     threads: int = 1  # ONNX Runtime intra-op threads: one core leaves the rest to Whisper and the LLM
 
 
-class SmartTurnEngine(TurnEndEngine):
+class SmartTurnEngine(RunnerLoad, TurnEndEngine):
     def __init__(self, options: SmartTurnOptions, *, max_waiting: int = 16) -> None:
         self._options = options
         self._session = None
         self._features = None
         self._runner = ModelRunner("turn-end", max_waiting=max_waiting)
-
-    @property
-    def queue_depth(self) -> int:
-        return self._runner.depth
-
-    @property
-    def batch_size(self) -> int | None:
-        return self._runner.batch_size
 
     def load(self) -> None:
         import onnxruntime as ort

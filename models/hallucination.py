@@ -24,10 +24,16 @@ def compression_ratio(text: str) -> float:
 
 
 # A phrase said this many times in a row: a decoder loop too short for gzip to notice
-# ("Hello. Hello. Hello. Hello."). A single word gets one more ("no, no, no" is speech).
+# ("Hello. Hello. Hello. Hello. Hello."). A single word gets one more ("no, no, no" is speech).
 MAX_PHRASE_REPEATS = 3
 MAX_PHRASE_WORDS = 4
+# A sentence that opens with the previous one's first words (this many, or all of a shorter
+# one of at least RESTART_MIN_WORDS): the decoder starting over ("Where is my package right
+# now? Where is my package right now?").
+RESTART_WORDS = 5
+RESTART_MIN_WORDS = 4
 _WORD = re.compile(r"[\w']+")
+_SENTENCE_END = re.compile(r"(?<=[.?!])\s+")
 
 
 def repeats_itself(text: str) -> bool:
@@ -40,4 +46,15 @@ def repeats_itself(text: str) -> bool:
             phrase = words[start : start + size]
             if all(words[start + k * size : start + (k + 1) * size] == phrase for k in range(1, allowed + 1)):
                 return True
+    return False
+
+
+def starts_over(text: str) -> bool:
+    """A sentence begins with the opening words of the one before it (the decoder went back
+    to the start; the copy is often cut short by the token budget)."""
+    sentences = [_WORD.findall(s.lower()) for s in _SENTENCE_END.split(text.strip())]
+    for previous, following in zip(sentences, sentences[1:]):
+        opening = previous[:RESTART_WORDS]
+        if len(opening) >= RESTART_MIN_WORDS and following[: len(opening)] == opening:
+            return True
     return False

@@ -21,8 +21,8 @@ import numpy as np
 
 from models.assets import resolve_local
 from models.base import ASREngine, Transcript
-from models.hallucination import MAX_COMPRESSION_RATIO, MIN_AVG_LOGPROB, compression_ratio
-from models.runner import ModelRunner
+from models.hallucination import MAX_COMPRESSION_RATIO, MIN_AVG_LOGPROB, compression_ratio, repeats_itself, starts_over
+from models.runner import ModelRunner, RunnerLoad
 
 log = logging.getLogger(__name__)
 
@@ -86,7 +86,7 @@ class FastResult:
     no_speech_probability: float
 
 
-class WhisperASREngine(ASREngine):
+class WhisperASREngine(RunnerLoad, ASREngine):
     sample_rate = 16_000
 
     def __init__(self, config: WhisperOptions, *, max_waiting: int = 16) -> None:
@@ -96,14 +96,6 @@ class WhisperASREngine(ASREngine):
         self._runner = ModelRunner("asr", max_waiting=max_waiting)
         self.fast_path_retries = 0  # fast-path results redone by sampling on the short window
         self.fast_path_fallbacks = 0  # fast-path results redone on the full window
-
-    @property
-    def queue_depth(self) -> int:
-        return self._runner.depth
-
-    @property
-    def batch_size(self) -> int | None:
-        return self._runner.batch_size
 
     def load(self) -> None:
         self._model, self._tokenizer = load_whisper(self._config)
@@ -224,4 +216,5 @@ def looks_right(result: FastResult) -> bool:
     if not result.text:
         # Silence decodes to nothing; trust it only if the model is sure there was no speech.
         return result.no_speech_probability > 0.5
-    return compression_ratio(result.text) <= MAX_COMPRESSION_RATIO and result.avg_logprob >= MIN_AVG_LOGPROB
+    return (compression_ratio(result.text) <= MAX_COMPRESSION_RATIO and result.avg_logprob >= MIN_AVG_LOGPROB
+            and not repeats_itself(result.text) and not starts_over(result.text))

@@ -182,7 +182,9 @@ class EngineSTTService(EagerEndOfTurnSTTServiceMixin, SegmentedSTTService):
         if plausible:
             # Retrieval starts on the guess now, so its passages are ready when the turn ends.
             await self.push_frame(SpeculativeTranscriptFrame(text=transcript.text))
-            # Pushed before the verdict can end the turn, so the reply starts first.
+            # Pushed before the verdict can end the turn, so the reply starts first. Also on
+            # words that sound unfinished: measured, the reply ready when a long pause ends
+            # is worth more than the prefill wasted when the caller goes on (see README).
             await self._push_eager_end_of_turn(transcript.text, user_id=self._user_id)
         if self._pause_judge is not None:
             verdict = await self._pause_judge.decide(transcript.text if plausible else None, voice)

@@ -22,12 +22,16 @@ import re
 from dataclasses import dataclass
 
 # Words a finished English sentence rarely ends on: articles, conjunctions, possessives,
-# auxiliaries, "to". Prepositions too, except in wh-questions ("What is it for?").
+# "to", fillers.
 _ALWAYS_DANGLING = frozenset(
     "a an the and or but nor so because if that which whose my your our their his her its "
-    "is are was were am be been being have has had do does did can could will would shall should "
-    "may might must to very than as um uh er".split()
+    "to very than as um uh er".split()
 )
+# Auxiliaries end a question that asks what something is ("... what the capital of France
+# is?"), not a statement ("My order number is"). Prepositions end wh-questions only ("What
+# is it for?"); Whisper also marks a rising fragment with "?" ("Can you tell me about?").
+_AUXILIARIES = frozenset("is are was were am be been being have has had do does did can could will would "
+                         "shall should may might must".split())
 _PREPOSITIONS = frozenset("about above after at before between by for from in into like of on over "
                           "through under until up with without".split())
 _WH_WORDS = frozenset("what who whom which where when how why whose".split())
@@ -69,8 +73,10 @@ def words_state(text: str) -> str:
     if stripped.endswith(_TRAILING_OPEN):
         return "unfinished"
     last = words[-1]
-    wh_question = stripped.endswith("?") and words[0] in _WH_WORDS
-    if last in _ALWAYS_DANGLING or (last in _PREPOSITIONS and not wh_question):
+    question = stripped.endswith("?")
+    wh_question = question and words[0] in _WH_WORDS
+    if (last in _ALWAYS_DANGLING or (last in _AUXILIARIES and not question)
+            or (last in _PREPOSITIONS and not wh_question)):
         return "unfinished"
     return "finished" if stripped.endswith(_FINAL_MARKS) else "unknown"
 

@@ -80,3 +80,14 @@ def test_doubtful_fast_results_are_redone():
     assert not looks_right(FastResult("the capital of the", -1.6, 0.01))  # low confidence
     assert not looks_right(FastResult("", -0.1, 0.1))  # nothing, though it sounded like speech
     assert looks_right(FastResult("", -0.1, 0.9))  # nothing, and it was silence
+
+
+def test_a_transcript_that_starts_over_is_redone_hotter():
+    from models.hallucination import starts_over
+    from models.whisper_asr import FastResult, looks_right
+
+    restarted = "How much does a large pizza cost? How much does a large pizza"  # seen live, cut by the budget
+    assert starts_over(restarted) and not looks_right(FastResult(restarted, -0.2, 0.01))
+    for said in ("I want to go to the shop and then I want to go to the park.",
+                 "I am sorry. I am sorry about that.", "Thank you. Thank you."):
+        assert not starts_over(said) and looks_right(FastResult(said, -0.2, 0.01)), said

@@ -28,7 +28,7 @@ import numpy as np
 from latency_bench import twilio_caller
 from latency_bench.audio import read_wav
 from latency_bench.conversation import PlannedTurn
-from latency_bench.speech import Utterance, trim_silence
+from latency_bench.speech import Utterance, Voice, speak_as, trim_silence
 from latency_bench.stats import percentile
 
 # (the words before the pause, the rest); every pause falls where the sentence cannot end.
@@ -64,12 +64,9 @@ def paused_utterance(before: str, after: str, pause_s: float, voice: str = VOICE
 
 
 def plain_utterance(text: str, voice: str = VOICE) -> Utterance:
-    with tempfile.TemporaryDirectory() as tmp:
-        out = Path(tmp) / "speech.wav"
-        subprocess.run(["espeak-ng", "-v", voice, "-s", "160", "-w", str(out), text],
-                       check=True, capture_output=True, timeout=30)
-        samples, rate = read_wav(out)
-    return Utterance(text, f"espeak-ng:{voice}", trim_silence(samples, rate), rate)
+    speaker = Voice("espeak-ng", voice)
+    samples, rate = speak_as(text, speaker)  # the same voice and rate as the paused sentences
+    return Utterance(text, speaker.label, samples, rate)
 
 
 def longest_silence_s(samples: np.ndarray, rate: int) -> float:

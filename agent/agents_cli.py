@@ -27,8 +27,8 @@ def _fail(response: httpx.Response, out: TextIO) -> int:
     return 1
 
 
-def list_agents(url: str, out: TextIO = sys.stdout) -> int:
-    response = httpx.get(f"{url}/api/agents", timeout=TIMEOUT)
+def list_agents(url: str, out: TextIO = sys.stdout, headers: dict[str, str] | None = None) -> int:
+    response = httpx.get(f"{url}/api/agents", timeout=TIMEOUT, headers=headers)
     if response.status_code != 200:
         return _fail(response, sys.stderr)
     for agent in response.json()["agents"]:
@@ -37,15 +37,15 @@ def list_agents(url: str, out: TextIO = sys.stdout) -> int:
     return 0
 
 
-def show_agent(url: str, name: str, out: TextIO = sys.stdout) -> int:
-    response = httpx.get(f"{url}/api/agents/{name}", timeout=TIMEOUT)
+def show_agent(url: str, name: str, out: TextIO = sys.stdout, headers: dict[str, str] | None = None) -> int:
+    response = httpx.get(f"{url}/api/agents/{name}", timeout=TIMEOUT, headers=headers)
     if response.status_code != 200:
         return _fail(response, sys.stderr)
     print(yaml.safe_dump(response.json(), sort_keys=False, allow_unicode=True), end="", file=out)
     return 0
 
 
-def apply_agent(url: str, path: str, out: TextIO = sys.stdout) -> int:
+def apply_agent(url: str, path: str, out: TextIO = sys.stdout, headers: dict[str, str] | None = None) -> int:
     try:
         data: Any = yaml.safe_load(Path(path).read_text())  # YAML is a superset of JSON
     except (OSError, UnicodeDecodeError, yaml.YAMLError) as exc:
@@ -55,19 +55,20 @@ def apply_agent(url: str, path: str, out: TextIO = sys.stdout) -> int:
         print(f"cadence: {path} must define an agent with a name", file=sys.stderr)
         return 2
     name = data["name"]
-    exists = httpx.get(f"{url}/api/agents/{name}", timeout=TIMEOUT).status_code == 200
-    response = (httpx.put(f"{url}/api/agents/{name}", json=data, timeout=TIMEOUT) if exists
-                else httpx.post(f"{url}/api/agents", json=data, timeout=TIMEOUT))
+    exists = httpx.get(f"{url}/api/agents/{name}", timeout=TIMEOUT, headers=headers).status_code == 200
+    response = (httpx.put(f"{url}/api/agents/{name}", json=data, timeout=TIMEOUT, headers=headers) if exists
+                else httpx.post(f"{url}/api/agents", json=data, timeout=TIMEOUT, headers=headers))
     if response.status_code not in (200, 201):
         return _fail(response, sys.stderr)
     print(f"{'replaced' if exists else 'created'} agent {name}", file=out)
     return 0
 
 
-def stream_chat(url: str, name: str, message: str, history: list[dict[str, str]], out: TextIO) -> dict | None:
+def stream_chat(url: str, name: str, message: str, history: list[dict[str, str]], out: TextIO,
+                headers: dict[str, str] | None = None) -> dict | None:
     """Prints the reply as it streams; returns the final event, or None after an error."""
     with httpx.stream("POST", f"{url}/api/agents/{name}/chat", json={"message": message, "history": history},
-                      timeout=TIMEOUT) as response:
+                      timeout=TIMEOUT, headers=headers) as response:
         if response.status_code != 200:
             response.read()
             _fail(response, sys.stderr)
@@ -88,7 +89,7 @@ def stream_chat(url: str, name: str, message: str, history: list[dict[str, str]]
 
 
 def chat(url: str, name: str, *, show_passages: bool = False, stdin: TextIO = sys.stdin,
-         out: TextIO = sys.stdout) -> int:
+         out: TextIO = sys.stdout, headers: dict[str, str] | None = None) -> int:
     """A conversation in the terminal: a line in, the agent's reply out; an empty line or EOF ends it."""
     history: list[dict[str, str]] = []
     interactive = stdin.isatty()
@@ -100,7 +101,7 @@ def chat(url: str, name: str, *, show_passages: bool = False, stdin: TextIO = sy
             return 0
         if interactive:
             print(f"{name}> ", end="", flush=True, file=out)
-        done = stream_chat(url, name, line.strip(), history, out)
+        done = stream_chat(url, name, line.strip(), history, out, headers)
         if done is None:
             return 1
         if show_passages:

@@ -8,21 +8,26 @@ from __future__ import annotations
 
 import asyncio
 import logging
+import os
+from collections.abc import Mapping
 from contextlib import asynccontextmanager
 from pathlib import Path
 
-from fastapi import FastAPI, Request, WebSocket
+from fastapi import Depends, FastAPI, Request, WebSocket
 from fastapi.responses import FileResponse, JSONResponse, Response
 from fastapi.staticfiles import StaticFiles
 
+from agent.access import Gatekeeper, operator_required, refusal_reason
 from agent.agent_registry import AgentRegistry, load_agent_files
+from agent.auth import operator_keys
 from agent.agent_routes import agents_router
 from agent.calls import CallManager
 from agent.chat import TextChat
 from agent.config import CadenceConfig
 from agent.dashboard import dashboard_router
-from agent.errors import BadSignalingError, CapacityError, NotFoundError
-from agent.http_util import bounded_body, error_response
+from agent.errors import (BadSignalingError, CadenceError, CapacityError, ForbiddenError, NotFoundError,
+                          UnauthorizedError)
+from agent.http_util import bounded_body, error_for, error_response, parse_json
 from agent.events import TurnEvents
 from agent.knowledge_wiring import Knowledge
 from agent.metrics import CadenceMetrics
@@ -37,6 +42,8 @@ from transcription.jobs import TranscriptionJobs
 
 log = logging.getLogger(__name__)
 
+# A client-secret request carries a lifetime and session settings: a few hundred bytes.
+CLIENT_SECRET_BODY_BYTES = 16_384
 FRONTEND_DIR = Path(__file__).resolve().parent.parent / "frontend"
 
 
@@ -46,20 +53,26 @@ class Readiness:
         self.error: str | None = None
 
 
-def create_app(config: CadenceConfig, *, engines: Engines | None = None, engines_loaded: bool = False) -> FastAPI:
+def create_app(config: CadenceConfig, *, engines: Engines | None = None, engines_loaded: bool = False,
+               environ: Mapping[str, str] | None = None) -> FastAPI:
     """`engines` may be passed in already loaded (tests share one set across apps).
-    A bad agent file raises ConfigError here, naming the file and the field: startup stops."""
+    A bad agent file raises ConfigError here, naming the file and the field: startup stops.
+    `environ` (default: the process's) supplies API keys and the Twilio auth token."""
+    environ = os.environ if environ is None else environ
     agent_files = load_agent_files(config)
     owns_engines = engines is None  # engines passed in belong to the caller (tests share them)
     plane = model_plane_for(config) if owns_engines else ModelPlane()
     engines = engines or registry.build_engines(config, plane.endpoints)
     metrics = CadenceMetrics()
+    gate = Gatekeeper(config.auth, operator_keys(config.auth, environ), metrics,
+                      twilio_auth_token=environ.get(config.auth.twilio_auth_token_env) or None)
     store = CallStore(config.store.path)
     agents = AgentRegistry(config, store, agent_files)
     knowledge = Knowledge(config, engines.embedder, metrics)
     events = TurnEvents(on_drop=metrics.dashboard_dropped.inc)
     metrics.track_dashboard_streams(lambda: events.subscriber_count, lambda: events.max_backlog)
-    manager = CallManager(config, engines, store, metrics, agents, events=events, search_for=knowledge.search_for)
+    manager = CallManager(config, engines, store, metrics, agents, events=events, search_for=knowledge.search_for,
+                          release_lease=gate.release)
     webrtc = WebRTCCalls(manager, config, metrics)
     chat = TextChat(config, agents, engines.llm, metrics, search_for=knowledge.search_for)
     transcriptions = TranscriptionJobs(config.transcription.options(), config.transcription.job_limits(),
@@ -110,6 +123,12 @@ def create_app(config: CadenceConfig, *, engines: Engines | None = None, engines
     app.state.agents, app.state.knowledge, app.state.readiness = agents, knowledge, readiness
     app.state.model_plane, app.state.engines = plane, engines
     app.state.transcriptions = transcriptions
+    app.state.gate = gate
+
+    @app.exception_handler(UnauthorizedError)
+    @app.exception_handler(ForbiddenError)
+    async def _refused(_request: Request, exc: CadenceError) -> JSONResponse:
+        return error_for(exc)
 
     @app.get("/healthz")
     async def healthz() -> dict:
@@ -142,17 +161,39 @@ def create_app(config: CadenceConfig, *, engines: Engines | None = None, engines
     async def offer(request: Request, agent: str | None = None) -> JSONResponse:
         if not readiness.ready.is_set():
             return error_response(503, "models are still loading; retry shortly", retryable=True)
+        try:
+            lease = gate.admit(request.headers)
+        except CadenceError as exc:
+            metrics.calls_refused.labels("webrtc", refusal_reason(exc)).inc()
+            return error_for(exc)
         body = await bounded_body(request, config.server.max_sdp_bytes)
         if body is None:
+            gate.release(lease)
             return error_response(413, f"offer larger than {config.server.max_sdp_bytes} bytes")
         try:
-            return JSONResponse(await webrtc.answer(body, agent))
+            return JSONResponse(await webrtc.answer(body, agent, lease=lease))
         except BadSignalingError as exc:
             return error_response(400, str(exc))
         except NotFoundError as exc:
             return error_response(404, str(exc))
         except CapacityError as exc:
             return error_response(503, str(exc), retryable=True)
+
+    @app.post("/v1/realtime/client_secrets")
+    async def client_secret(request: Request) -> JSONResponse:
+        """A single-use token for one browser session, as OpenAI's endpoint of the same name:
+        the operator's backend holds the key, the page gets only this."""
+        body = await bounded_body(request, CLIENT_SECRET_BODY_BYTES)
+        if body is None:
+            return error_response(413, f"body larger than {CLIENT_SECRET_BODY_BYTES} bytes")
+        try:
+            ttl_s = client_secret_ttl(parse_json(body) if body.strip() else {})
+            token = gate.mint(request.headers, ttl_s)
+        except CadenceError as exc:
+            return error_for(exc)
+        return JSONResponse({"value": token.value, "expires_at": int(token.expires_at),
+                             "session": {"type": "realtime", "object": "realtime.session"}},
+                            headers={"Cache-Control": "no-store"})
 
     @app.patch("/api/offer")
     async def offer_candidates(request: Request) -> Response:
@@ -173,7 +214,7 @@ def create_app(config: CadenceConfig, *, engines: Engines | None = None, engines
             await websocket.accept()
             await websocket.close(code=CLOSE_TRY_LATER, reason="models are still loading")
             return
-        await handle_twilio_call(websocket, manager=manager, config=config, metrics=metrics)
+        await handle_twilio_call(websocket, manager=manager, config=config, metrics=metrics, gate=gate)
 
     @app.get("/api/calls")
     async def list_calls(limit: int = 50, offset: int = 0, external_id: str | None = None) -> dict:
@@ -200,14 +241,29 @@ def create_app(config: CadenceConfig, *, engines: Engines | None = None, engines
     async def index() -> FileResponse:
         return FileResponse(FRONTEND_DIR / "index.html")
 
+    # Changes need an operator key (reads do not, yet): see agent/access.py.
+    changes_need_a_key = [Depends(operator_required(gate))]
     app.include_router(agents_router(agents, chat, max_body_bytes=config.agents.max_body_bytes,
-                                     forget_knowledge=knowledge.forget_agent))
-    app.include_router(knowledge.router(agent_exists=agents.exists))
-    app.include_router(transcription_router(transcriptions))
+                                     forget_knowledge=knowledge.forget_agent), dependencies=changes_need_a_key)
+    app.include_router(knowledge.router(agent_exists=agents.exists), dependencies=changes_need_a_key)
+    app.include_router(transcription_router(transcriptions), dependencies=changes_need_a_key)
     app.include_router(dashboard_router(store=store, manager=manager, events=events, engines=engines,
                                         page=FRONTEND_DIR / "dashboard.html"))
     app.mount("/static", StaticFiles(directory=FRONTEND_DIR), name="static")
     return app
+
+
+def client_secret_ttl(body: object) -> float | None:
+    """`expires_after.seconds` of OpenAI's request body, if given; the config's default if not."""
+    if not isinstance(body, dict):
+        raise BadSignalingError("body must be a JSON object like {\"expires_after\": {\"seconds\": 60}}")
+    expires_after = body.get("expires_after")
+    if expires_after is None:
+        return None
+    seconds = expires_after.get("seconds") if isinstance(expires_after, dict) else None
+    if isinstance(seconds, bool) or not isinstance(seconds, (int, float)):
+        raise BadSignalingError("expires_after.seconds must be a number of seconds")
+    return float(seconds)
 
 
 def _from_loopback(request: Request) -> bool:

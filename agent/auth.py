@@ -42,8 +42,13 @@ class AuthConfig:
     # Minted tokens not yet expired (used or not); more is refused, bounding memory.
     max_outstanding_client_tokens: int = 1000
     max_sessions_per_key: int = 10  # concurrent sessions per operator key, its tokens' included
-    # Browser origins allowed to connect, exactly as the Origin header reads ("https://app.example.com").
+    # Browser origins allowed to start calls or change agents, exactly as the Origin header reads
+    # ("https://app.example.com"). This server's own pages are always allowed when reached by
+    # IP address or localhost. Clients that send no Origin (phones, SDKs) are judged by key alone.
     allowed_origins: tuple[str, ...] = ()
+    # Environment variable holding the Twilio account's auth token: when set, the phone socket
+    # accepts a valid X-Twilio-Signature in place of an API key (Twilio cannot send our key).
+    twilio_auth_token_env: str = "TWILIO_AUTH_TOKEN"
 
     def __post_init__(self) -> None:
         problems = [f"api_keys: {p}" for p in map(api_key_problem, self.api_keys) if p]

@@ -10,14 +10,16 @@ import asyncio
 import logging
 import time
 import uuid
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
+from pipecat.observers.base_observer import BaseObserver
 from pipecat.workers.runner import WorkerRunner
 from pipecat.transports.base_transport import BaseTransport
 
 from agent.agent_registry import AgentRegistry
+from agent.auth import SessionLease
 from agent.config import CadenceConfig
 from agent.errors import CapacityError
 from agent.events import TurnEvents
@@ -46,6 +48,7 @@ class ActiveCall:
     bad_messages: int = 0
     pending_writes: set[asyncio.Task] = field(default_factory=set)
     hearing: str = ""  # the caller's words so far in the turn under way (streaming partials)
+    lease: SessionLease | None = None  # the operator key's session slot this call holds
 
     def heard(self, partial: str) -> None:
         self.hearing = partial
@@ -66,7 +69,9 @@ class ActiveCall:
 class CallManager:
     def __init__(self, config: CadenceConfig, engines: Engines, store: CallStore, metrics: CadenceMetrics,
                  agents: AgentRegistry, clock: Callable[[], float] = time.time, events: TurnEvents | None = None,
-                 search_for: Callable[[CallAgent], SearchPassages | None] = lambda agent: None) -> None:
+                 search_for: Callable[[CallAgent], SearchPassages | None] = lambda agent: None,
+                 release_lease: Callable[[SessionLease], None] = lambda lease: None) -> None:
+        self._release_lease = release_lease  # gives the call's key its session slot back
         self._config = config
         self._agents = agents
         self._search_for = search_for  # the agent's knowledge search, if it has any
@@ -108,22 +113,36 @@ class CallManager:
     def refuse(self, transport: str) -> None:
         self._metrics.calls_refused.labels(transport, "capacity").inc()
 
-    def admit(self, transport: str, agent_name: str | None = None) -> ActiveCall:
+    def admit(self, transport: str, agent_name: str | None = None, lease: SessionLease | None = None) -> ActiveCall:
         """Reserves a call slot now (before any slow setup), or refuses: CapacityError, or
-        NotFoundError for an agent that does not exist (None: the default agent)."""
-        agent = self._agents.for_call(agent_name)
-        if self.full:
-            self.refuse(transport)
-            raise CapacityError(self.full_message)
-        call = ActiveCall(id=uuid.uuid4().hex, transport=transport, started_at=self._clock(), agent=agent)
+        NotFoundError for an agent that does not exist (None: the default agent). The call
+        owns `lease` from here on, refused or not, and gives it back when it ends."""
+        try:
+            agent = self._agents.for_call(agent_name)
+            if self.full:
+                self.refuse(transport)
+                raise CapacityError(self.full_message)
+        except Exception:
+            if lease is not None:
+                self._release_lease(lease)
+            raise
+        call = ActiveCall(id=uuid.uuid4().hex, transport=transport, started_at=self._clock(), agent=agent,
+                          lease=lease)
         self._active[call.id] = call
         self._metrics.calls_active.labels(transport).inc()
         return call
+
+    def release_lease(self, lease: SessionLease) -> None:
+        """For a lease taken for a call that never got as far as `admit`."""
+        self._release_lease(lease)
 
     def release(self, call: ActiveCall) -> None:
         """Frees a slot that was admitted but never ran (e.g. the offer was malformed)."""
         if self._active.pop(call.id, None) is not None:
             self._metrics.calls_active.labels(call.transport).dec()
+        if call.lease is not None:
+            self._release_lease(call.lease)
+            call.lease = None
 
     def spawn(self, call: ActiveCall, transport: BaseTransport, *, output_sample_rate: int,
               enable_rtvi: bool = False) -> asyncio.Task:
@@ -135,7 +154,8 @@ class CallManager:
         return task
 
     async def run(self, call: ActiveCall, transport: BaseTransport, *, output_sample_rate: int,
-                  enable_rtvi: bool = False) -> None:
+                  enable_rtvi: bool = False, observers: Sequence[BaseObserver] = ()) -> None:
+        """Runs the call to its end. `observers` watch its frames (a transport's own events)."""
         try:
             await self._store.call_started(call.id, call.agent.name, call.transport, call.started_at,
                                            call.external_id)
@@ -150,6 +170,7 @@ class CallManager:
                 on_pause_verdict=lambda verdict: self._metrics.pause_verdicts.labels(verdict.reason).inc(),
                 on_eager_reply=lambda outcome: self._metrics.eager_replies.labels(outcome).inc(),
                 enable_rtvi=enable_rtvi,
+                observers=observers,
             )
             @call.voice.task.event_handler("on_idle_timeout")
             async def _on_idle(_task) -> None:  # pipecat then cancels the pipeline itself
@@ -201,6 +222,12 @@ class CallManager:
         self._metrics.observe_turn(turn, call.transport)
         if self._events is not None:
             self._events.publish(turn_summary(call.id, call.agent.name, call.transport, turn))
+        write = asyncio.get_running_loop().create_task(self._store.save_turn(call.id, turn))
+        call.pending_writes.add(write)
+        write.add_done_callback(call.pending_writes.discard)
+
+    def turn_changed(self, call: ActiveCall, turn: Turn) -> None:
+        """A closed turn was edited (its reply cut to what the caller heard): stored again."""
         write = asyncio.get_running_loop().create_task(self._store.save_turn(call.id, turn))
         call.pending_writes.add(write)
         write.add_done_callback(call.pending_writes.discard)

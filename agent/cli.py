@@ -1,6 +1,6 @@
 """The `cadence` command.
 
-    cadence serve [--config FILE] [--host H] [--port P]
+    cadence serve [--config FILE] [--host H] [--port P] [--insecure]
     cadence agents list | show NAME | apply FILE     [--url URL]
     cadence chat NAME [--passages]                   [--url URL]
     cadence ingest NAME PATH...                      [--url URL]
@@ -11,20 +11,25 @@
     cadence drain [--url URL] [--timeout S]           refuse new calls, wait for live ones (preStop)
     cadence transcribe FILE... [--json] [--workers N] long recordings to text, here (see --help)
 
-`agents`, `chat` and `ingest` talk to a running server's HTTP API.
+`agents`, `chat` and `ingest` talk to a running server's HTTP API, sending $CADENCE_API_KEY
+as the operator key when it is set. `serve` refuses a non-loopback --host without API keys
+(auth.api_keys or $CADENCE_API_KEYS) unless given --insecure.
 """
 
 from __future__ import annotations
 
 import argparse
 import logging
+import os
 import sys
 
+from agent.auth import bind_refusal, operator_keys
 from agent.config import load_config
 from agent.errors import ConfigError
 
 DEFAULT_CONFIG = "configs/default.yaml"
 DEFAULT_URL = "http://127.0.0.1:8000"
+API_KEY_ENV = "CADENCE_API_KEY"  # the key `agents`, `chat` and `ingest` send, when the server has keys
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -54,6 +59,8 @@ def main(argv: list[str] | None = None) -> int:
     serve.add_argument("--port", type=int, help="port (overrides server.port)")
     serve.add_argument("--deployment", help="where each model runs (overrides the config's `deployment`)")
     serve.add_argument("--log-level", default="info", choices=["debug", "info", "warning", "error"])
+    serve.add_argument("--insecure", action="store_true",
+                       help="serve on a non-loopback address without API keys (anyone who reaches it may call)")
     agents = sub.add_parser("agents", help="list, show or apply agents on a running server")
     agents_sub = agents.add_subparsers(dest="agents_command", required=True)
     listing = agents_sub.add_parser("list", help="every agent, the default first")
@@ -92,8 +99,6 @@ def main(argv: list[str] | None = None) -> int:
     if args.command in ("agents", "chat", "ingest", "drain"):
         return _client(args)
 
-    logging.basicConfig(level=args.log_level.upper(), format="%(asctime)s %(levelname)s %(name)s: %(message)s")
-    _quiet_loguru(args.log_level)
     overrides = {}
     if args.host:
         overrides["server__host"] = args.host
@@ -106,6 +111,11 @@ def main(argv: list[str] | None = None) -> int:
 
     try:
         config = load_config(args.config, **overrides)
+        refusal = bind_refusal(config.server.host, bool(operator_keys(config.auth, os.environ)), insecure=args.insecure)
+        if refusal:
+            raise ConfigError(refusal.replace("insecure=True", "--insecure"))
+        logging.basicConfig(level=args.log_level.upper(), format="%(asctime)s %(levelname)s %(name)s: %(message)s")
+        _quiet_loguru(args.log_level)
         app = create_app(config)  # reads the agent files: a bad one stops startup here
     except ConfigError as exc:
         print(f"cadence: {exc}", file=sys.stderr)
@@ -120,20 +130,23 @@ def _client(args) -> int:
     from agent import agents_cli, ingest_cli
 
     url = args.url.rstrip("/")
+    # The operator key, from the environment only: a flag would leave it in shell history and `ps`.
+    api_key = os.environ.get(API_KEY_ENV, "").strip()
+    headers = {"Authorization": f"Bearer {api_key}"} if api_key else None
     try:
         if args.command == "drain":
             from agent.drain_cli import drain
 
             return drain(url, timeout_s=args.timeout)
         if args.command == "chat":
-            return agents_cli.chat(url, args.name, show_passages=args.passages)
+            return agents_cli.chat(url, args.name, show_passages=args.passages, headers=headers)
         if args.command == "ingest":
-            return ingest_cli.ingest(url, args.name, args.paths, progress=not args.quiet)
+            return ingest_cli.ingest(url, args.name, args.paths, progress=not args.quiet, headers=headers)
         if args.agents_command == "list":
-            return agents_cli.list_agents(url)
+            return agents_cli.list_agents(url, headers=headers)
         if args.agents_command == "show":
-            return agents_cli.show_agent(url, args.name)
-        return agents_cli.apply_agent(url, args.file)
+            return agents_cli.show_agent(url, args.name, headers=headers)
+        return agents_cli.apply_agent(url, args.file, headers=headers)
     except httpx.TransportError as exc:
         print(f"cadence: cannot reach {url}: {exc}; is `cadence serve` running?", file=sys.stderr)
         return 2

@@ -15,6 +15,7 @@ from typing import Any
 
 import yaml
 
+from agent.auth import AuthConfig
 from agent.errors import ConfigError
 from knowledge.options import KnowledgeOptions
 from models.llama_cpp_llm import LlamaCppOptions
@@ -55,9 +56,6 @@ class ServerConfig:
     # STUN/TURN servers handed to WebRTC peers. Empty means host candidates only, so nothing
     # talks to a public STUN server unless an operator asks for it.
     ice_servers: tuple[IceServer, ...] = ()
-    # Browser origins allowed to open the phone WebSocket. Telephony providers send no Origin
-    # header, so an empty list admits only Origin-less clients.
-    allowed_ws_origins: tuple[str, ...] = ()
 
 
 @dataclass(frozen=True)
@@ -201,6 +199,8 @@ class CadenceConfig:
     # Agents' documents: upload limits, chunking, the embedder and the hybrid search.
     knowledge: KnowledgeOptions = field(default_factory=KnowledgeOptions)
     store: StoreConfig = field(default_factory=StoreConfig)
+    # Who may start calls and change agents: API keys, client tokens, origins, session caps.
+    auth: AuthConfig = field(default_factory=AuthConfig)
     transcription: TranscriptionConfig = field(default_factory=TranscriptionConfig)
     # A deployment file (configs/deployments/*.yaml): which models run in worker processes
     # that `cadence serve` starts (or that run elsewhere), and on which device. None: every

@@ -8,7 +8,8 @@ from typing import Any
 from fastapi import Request
 from fastapi.responses import JSONResponse
 
-from agent.errors import BadInputError, CadenceError, ConfigError, ConflictError, NotFoundError
+from agent.errors import (BadInputError, CadenceError, ConfigError, ConflictError, ForbiddenError, NotFoundError,
+                          SessionLimitError, UnauthorizedError)
 
 
 async def bounded_body(request: Request, limit: int) -> bytes | None:
@@ -37,6 +38,10 @@ async def json_body(request: Request, limit: int) -> Any:
     body = await bounded_body(request, limit)
     if body is None:
         raise BodyTooLarge(f"request body is larger than {limit} bytes")
+    return parse_json(body)
+
+
+def parse_json(body: bytes) -> Any:
     try:
         return json.loads(body)
     except (json.JSONDecodeError, UnicodeDecodeError, RecursionError) as exc:
@@ -45,8 +50,16 @@ async def json_body(request: Request, limit: int) -> Any:
 
 def error_for(exc: CadenceError) -> JSONResponse:
     """One mapping from our exceptions to HTTP statuses."""
+    if isinstance(exc, UnauthorizedError):
+        # RFC 6750: a 401 names the scheme the client should use.
+        return JSONResponse({"error": str(exc), "retryable": False, "reason": exc.reason}, status_code=401,
+                            headers={"WWW-Authenticate": "Bearer"})
     if isinstance(exc, BodyTooLarge):
         status = 413
+    elif isinstance(exc, ForbiddenError):
+        status = 403
+    elif isinstance(exc, SessionLimitError):
+        status = 429
     elif isinstance(exc, NotFoundError):
         status = 404
     elif isinstance(exc, ConflictError):

@@ -40,7 +40,8 @@ def collect(paths: Iterable[str | Path]) -> tuple[list[Path], list[str]]:
 
 
 def ingest(base_url: str, agent: str, paths: Sequence[str | Path], *, progress: bool = True,
-           client: httpx.Client | None = None, poll_interval_s: float = POLL_INTERVAL_S) -> int:
+           client: httpx.Client | None = None, poll_interval_s: float = POLL_INTERVAL_S,
+           headers: dict[str, str] | None = None) -> int:
     """Uploads every file; returns the exit code (0: all stored, 1: any failed or none found)."""
     files, missing = collect(paths)
     for path in missing:
@@ -49,7 +50,7 @@ def ingest(base_url: str, agent: str, paths: Sequence[str | Path], *, progress: 
         if not missing:
             print(f"no documents found (supported: {' '.join(sorted(EXTENSIONS))})")
         return 1
-    http = client or httpx.Client(base_url=base_url, timeout=UPLOAD_TIMEOUT_S)
+    http = client or httpx.Client(base_url=base_url, timeout=UPLOAD_TIMEOUT_S, headers=headers)
     try:
         results = [_upload(http, agent, path, progress, poll_interval_s) for path in files]
     finally:

@@ -32,6 +32,11 @@ class CadenceMetrics:
                                    registry=self.registry)
         self.calls_refused = Counter("cadence_calls_refused_total", "Calls refused at admission", ["transport", "reason"],
                                      registry=self.registry)
+        self.access_refused = Counter(
+            "cadence_access_refused_total",
+            "Requests refused by access control, by what they tried (session, operator, mint) and why "
+            "(missing, malformed, invalid, unknown, expired, reused, origin, signature, session_limit)",
+            ["action", "reason"], registry=self.registry)
         self.bad_input = Counter("cadence_bad_input_total", "Rejected caller input", ["transport", "kind"],
                                  registry=self.registry)
         self.turns_total = Counter("cadence_turns_total", "Completed turns", ["transport", "interrupted"],

@@ -52,6 +52,22 @@ function waitForIceGathering(pc) {
   });
 }
 
+// A single-use client token for the offer (POST /v1/realtime/client_secrets, as OpenAI's).
+// A server with API keys mints them only for its operator's backend, which hands one to this
+// page in the URL's fragment (/#token=ek_...: a fragment never reaches a server or its logs);
+// a server without keys (this machine only) mints one for the page itself.
+async function clientToken() {
+  const fromFragment = new URLSearchParams(location.hash.slice(1)).get("token");
+  if (fromFragment) {
+    history.replaceState(null, "", location.pathname + location.search);  // used once: forget it
+    return fromFragment;
+  }
+  const response = await fetch("/v1/realtime/client_secrets", { method: "POST" });
+  const minted = await response.json();
+  if (!response.ok) throw new Error(minted.error || `server answered ${response.status}`);
+  return minted.value;
+}
+
 async function startCall() {
   callButton.disabled = true;
   setCallState("connecting", "");
@@ -71,9 +87,10 @@ async function startCall() {
     };
     await peer.setLocalDescription(await peer.createOffer());
     await waitForIceGathering(peer);
+    const token = await clientToken();
     const response = await fetch("/api/offer", {
       method: "POST",
-      headers: { "Content-Type": "application/json" },
+      headers: { "Content-Type": "application/json", "Authorization": `Bearer ${token}` },
       body: JSON.stringify({ sdp: peer.localDescription.sdp, type: peer.localDescription.type,
                              agent: agentSelect.value || undefined }),
     });

@@ -44,10 +44,12 @@ class RunningServer:
 
 
 @contextmanager
-def running_server(config: CadenceConfig, engines: Engines | None, *, ready_timeout_s: float = 60) -> Iterator[RunningServer]:
+def running_server(config: CadenceConfig, engines: Engines | None, *, ready_timeout_s: float = 60,
+                   environ: dict[str, str] | None = None) -> Iterator[RunningServer]:
     """Serves the real app with uvicorn on a free loopback port in a thread of its own.
-    `engines` None: the app builds its own from the config, starting its deployment's workers."""
-    app = create_app(config, engines=engines, engines_loaded=engines is not None)
+    `engines` None: the app builds its own from the config, starting its deployment's workers.
+    `environ`: the environment the app reads its keys from (default: none, not the process's)."""
+    app = create_app(config, engines=engines, engines_loaded=engines is not None, environ=environ or {})
     sock = socket.socket(socket.AF_INET, socket.SOCK_STREAM)
     sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
     sock.bind(("127.0.0.1", 0))

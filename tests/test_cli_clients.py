@@ -67,3 +67,15 @@ def test_bad_files_and_unknown_agents_get_a_clear_message_and_a_nonzero_exit(url
     assert chatted.returncode == 1 and "no agent 'ghost'" in chatted.stderr
     unreachable = cadence("agents", "list", "--url", "http://127.0.0.1:9")
     assert unreachable.returncode == 2 and "cannot reach" in unreachable.stderr
+
+
+def test_serve_refuses_a_public_address_without_keys(monkeypatch, capsys):
+    from agent import cli
+
+    monkeypatch.delenv("CADENCE_API_KEYS", raising=False)
+    assert cli.main(["serve", "--host", "0.0.0.0", "--port", "1"]) == 2  # refused before anything binds
+    err = capsys.readouterr().err
+    assert "refusing to listen on '0.0.0.0' without API keys" in err and "--insecure" in err
+    monkeypatch.setenv("CADENCE_API_KEYS", "short")
+    assert cli.main(["serve", "--host", "0.0.0.0", "--port", "1"]) == 2  # a bad key is a config error
+    assert "shorter than 16" in capsys.readouterr().err

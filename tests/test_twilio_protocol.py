@@ -61,3 +61,26 @@ def test_largest_allowed_payload_passes():
 def test_overlong_stream_sid_is_refused():
     with pytest.raises(BadSignalingError, match="at most"):
         proto.parse(json.dumps({"event": "start", "start": {"streamSid": "x" * 500}}))
+
+
+# --- X-Twilio-Signature -------------------------------------------------------------------------
+
+def test_the_signature_is_hmac_sha1_of_the_url_then_the_sorted_parameters():
+    import hashlib
+    import hmac
+
+    signed = "https://voice.example.com/ws/twilio?x=1" + "CallSidCA1" + "Digits12"
+    expected = base64.b64encode(hmac.new(b"tok", signed.encode(), hashlib.sha1).digest()).decode()
+    assert proto.request_signature("tok", "https://voice.example.com/ws/twilio?x=1",
+                                   {"Digits": "12", "CallSid": "CA1"}) == expected
+
+
+def test_a_signature_matches_any_of_the_urls_it_may_have_signed_and_nothing_else():
+    urls = ("wss://voice.example.com/ws/twilio", "ws://voice.example.com/ws/twilio")
+    signature = proto.request_signature("tok", urls[0])
+    assert proto.signature_valid("tok", signature, urls)
+    assert proto.signature_valid("tok", signature, urls[::-1])
+    assert not proto.signature_valid("other", signature, urls)
+    assert not proto.signature_valid("tok", signature, ("wss://voice.example.com/ws/twilio?agent=x",))
+    assert not proto.signature_valid("tok", "", urls)
+    assert not proto.signature_valid("tok", signature, ())

@@ -19,9 +19,12 @@ from pipecat.audio.dtmf.types import KeypadEntry
 from pipecat.serializers.twilio import TwilioFrameSerializer
 from pipecat.transports.websocket.fastapi import FastAPIWebsocketParams, FastAPIWebsocketTransport
 
+from agent.access import Gatekeeper, phone_socket_urls, refusal_reason
+from agent.auth import SessionLease
 from agent.calls import ActiveCall, CallManager
 from agent.config import CadenceConfig
-from agent.errors import BadInputError, CapacityError, NotFoundError
+from agent.errors import (BadInputError, CapacityError, ForbiddenError, NotFoundError, SessionLimitError,
+                          UnauthorizedError)
 from agent.metrics import CadenceMetrics
 from agent.transports import twilio_protocol as proto
 
@@ -84,17 +87,25 @@ async def read_handshake(websocket: WebSocket) -> proto.Start:
     raise BadInputError(f"no 'start' event within the first {HANDSHAKE_MAX_MESSAGES} messages")
 
 
-def origin_allowed(websocket: WebSocket, allowed: tuple[str, ...]) -> bool:
-    origin = websocket.headers.get("origin")
-    return origin is None or origin in allowed
-
-
 async def handle_twilio_call(websocket: WebSocket, *, manager: CallManager, config: CadenceConfig,
-                             metrics: CadenceMetrics) -> None:
-    if not origin_allowed(websocket, config.server.allowed_ws_origins):
-        metrics.calls_refused.labels(TRANSPORT, "origin").inc()
-        await websocket.close(code=CLOSE_POLICY, reason="origin not allowed")
+                             metrics: CadenceMetrics, gate: Gatekeeper) -> None:
+    try:
+        lease = gate.admit_phone(websocket.headers,
+                                 phone_socket_urls(websocket.headers, websocket.url.path, websocket.url.query))
+    except (UnauthorizedError, ForbiddenError, SessionLimitError) as exc:
+        metrics.calls_refused.labels(TRANSPORT, refusal_reason(exc)).inc()
+        # Closed before the handshake is accepted: the client sees HTTP 403.
+        await websocket.close(code=CLOSE_TRY_LATER if isinstance(exc, SessionLimitError) else CLOSE_POLICY,
+                              reason=str(exc)[:120])
         return
+    try:
+        await _admit_and_run(websocket, lease, manager=manager, config=config, metrics=metrics)
+    finally:
+        gate.release(lease)  # idempotent: the call gave it back already if it ran
+
+
+async def _admit_and_run(websocket: WebSocket, lease: SessionLease, *, manager: CallManager, config: CadenceConfig,
+                         metrics: CadenceMetrics) -> None:
     await websocket.accept()
     if manager.full:  # told before the handshake; the slot itself is taken once `start` names the agent
         manager.refuse(TRANSPORT)
@@ -110,7 +121,7 @@ async def handle_twilio_call(websocket: WebSocket, *, manager: CallManager, conf
             await _close_quietly(websocket, CLOSE_POLICY, reason)
         return
     try:
-        call = manager.admit(TRANSPORT, start.custom_parameters.get(AGENT_PARAMETER))
+        call = manager.admit(TRANSPORT, start.custom_parameters.get(AGENT_PARAMETER), lease=lease)
     except CapacityError as exc:
         await _close_quietly(websocket, CLOSE_TRY_LATER, str(exc))
         return

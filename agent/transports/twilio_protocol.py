@@ -9,6 +9,8 @@ from __future__ import annotations
 
 import base64
 import binascii
+import hashlib
+import hmac
 import json
 from dataclasses import dataclass
 
@@ -120,3 +122,23 @@ def _short_str(value: object, name: str) -> str:
     if not isinstance(value, str) or not value or len(value) > MAX_ID_CHARS:
         raise BadSignalingError(f"{name} must be a non-empty string of at most {MAX_ID_CHARS} characters")
     return value
+
+
+def request_signature(auth_token: str, url: str, params: dict[str, str] | None = None) -> str:
+    """Twilio's `X-Twilio-Signature`: base64 HMAC-SHA1, keyed by the account's auth token, of the
+    full URL Twilio requested followed by each POST parameter's name and value, sorted by name.
+    A Media Streams WebSocket has no POST parameters: the URL (with its query) is all it signs."""
+    signed = url + "".join(f"{name}{value}" for name, value in sorted((params or {}).items()))
+    digest = hmac.new(auth_token.encode(), signed.encode(), hashlib.sha1).digest()
+    return base64.b64encode(digest).decode("ascii")
+
+
+def signature_valid(auth_token: str, signature: str, urls: tuple[str, ...]) -> bool:
+    """True if `signature` signs one of `urls`: the URL Twilio used is not known exactly behind a
+    TLS proxy (wss:// outside, ws:// here), so the caller passes each form it could have been.
+    Every candidate is compared, in constant time, whichever matches."""
+    presented = signature.encode()
+    matched = False
+    for url in urls:
+        matched |= hmac.compare_digest(request_signature(auth_token, url).encode(), presented)
+    return matched

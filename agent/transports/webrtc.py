@@ -18,6 +18,7 @@ from pipecat.transports.base_transport import TransportParams
 from pipecat.transports.smallwebrtc.connection import SmallWebRTCConnection
 from pipecat.transports.smallwebrtc.transport import SmallWebRTCTransport
 
+from agent.auth import SessionLease
 from agent.calls import CallManager
 from agent.config import CadenceConfig
 from agent.errors import BadSignalingError
@@ -77,15 +78,18 @@ class WebRTCCalls:
         self._metrics = metrics
         self._connections: dict[str, SmallWebRTCConnection] = {}
 
-    async def answer(self, body: bytes, agent: str | None = None) -> dict[str, Any]:
+    async def answer(self, body: bytes, agent: str | None = None, lease: SessionLease | None = None) -> dict[str, Any]:
         """`agent` (the query parameter) wins over one named in the body. Raises
-        BadSignalingError (-> 400), NotFoundError (-> 404) or CapacityError (-> 503)."""
+        BadSignalingError (-> 400), NotFoundError (-> 404) or CapacityError (-> 503).
+        The call takes `lease` over; a refused offer gives it back at once."""
         try:
             offer = parse_offer(body, self._config.server.max_sdp_bytes)
         except BadSignalingError:
             self._metrics.bad_input.labels(TRANSPORT, "offer").inc()
+            if lease is not None:
+                self._manager.release_lease(lease)
             raise
-        call = self._manager.admit(TRANSPORT, agent or offer["agent"])
+        call = self._manager.admit(TRANSPORT, agent or offer["agent"], lease=lease)
         connection = SmallWebRTCConnection(ice_servers=ice_servers(self._config))
         try:
             await connection.initialize(sdp=offer["sdp"], type=offer["type"])

@@ -33,6 +33,7 @@ from agent.knowledge_wiring import Knowledge
 from agent.metrics import CadenceMetrics
 from agent.model_plane import ModelPlane, model_plane_for
 from agent.store import CallStore
+from agent.transports.realtime import handle_realtime_session
 from agent.transports.twilio import CLOSE_TRY_LATER, handle_twilio_call
 from agent.transcription_routes import transcription_router
 from agent.transports.webrtc import WebRTCCalls
@@ -215,6 +216,15 @@ def create_app(config: CadenceConfig, *, engines: Engines | None = None, engines
             await websocket.close(code=CLOSE_TRY_LATER, reason="models are still loading")
             return
         await handle_twilio_call(websocket, manager=manager, config=config, metrics=metrics, gate=gate)
+
+    @app.websocket("/v1/realtime")
+    async def realtime(websocket: WebSocket, model: str | None = None) -> None:
+        """OpenAI's Realtime protocol; `model` names the agent (none: the default agent)."""
+        if not readiness.ready.is_set():
+            await websocket.close(code=CLOSE_TRY_LATER, reason="models are still loading")
+            return
+        await handle_realtime_session(websocket, model=model, manager=manager, config=config, metrics=metrics,
+                                      gate=gate, asr=engines.asr)
 
     @app.get("/api/calls")
     async def list_calls(limit: int = 50, offset: int = 0, external_id: str | None = None) -> dict:

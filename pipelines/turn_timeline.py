@@ -150,6 +150,14 @@ class TurnTimeline:
         self._bot_speaking = False
         return self._close(at, interrupted=True)
 
+    def turn_with_reply(self, said: str) -> Turn | None:
+        """The newest closed turn whose reply was `said` (whitespace aside), for a later cut."""
+        wanted = " ".join(said.split())
+        for turn in reversed(self.turns):
+            if turn is not self._open and " ".join(turn.reply_text.split()) == wanted:
+                return turn
+        return None
+
     def finish(self, at: float) -> Turn | None:
         """The call ended; close whatever is open."""
         return None if self._open is None else self._close(at, interrupted=self._bot_speaking)

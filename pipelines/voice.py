@@ -9,10 +9,11 @@ the call's agent as it was when the call started.
 
 from __future__ import annotations
 
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 
 from pipecat.audio.vad.vad_analyzer import VADParams
+from pipecat.observers.base_observer import BaseObserver
 from pipecat.pipeline.pipeline import Pipeline
 from pipecat.pipeline.worker import PipelineParams, PipelineWorker
 from pipecat.processors.aggregators.llm_context import LLMContext
@@ -78,8 +79,10 @@ def build_voice_call(
     on_pause_verdict: Callable[[PauseVerdict], None] = lambda verdict: None,
     on_eager_reply: Callable[[str], None] = lambda outcome: None,
     enable_rtvi: bool = False,
+    observers: Sequence[BaseObserver] = (),
 ) -> VoiceCall:
-    """`search` finds passages in the agent's knowledge; None (or retrieval off) skips retrieval."""
+    """`search` finds passages in the agent's knowledge; None (or retrieval off) skips retrieval.
+    `observers` watch the call's frames beside the turn observer (a transport's own events)."""
     by_wanted = config.server.schedule == "wanted-by"
     # Judging pauses needs the words at the pause: the speculative transcript.
     judged = config.turn_end.enabled and agent.speculate_after_secs > 0
@@ -149,7 +152,7 @@ def build_voice_call(
             audio_out_sample_rate=output_sample_rate,
             enable_metrics=True,
         ),
-        observers=[observer],
+        observers=[observer, *observers],
         idle_timeout_secs=agent.idle_timeout_seconds,
         enable_rtvi=enable_rtvi,
     )

@@ -18,7 +18,7 @@ from typing import Any
 from agent.config import CadenceConfig, build_dataclass
 from agent.errors import ConfigError
 from models.base import Sampling
-from pipelines.call_agent import CallAgent, RetrievalSettings
+from pipelines.call_agent import PIPELINES, CallAgent, RetrievalSettings, SpeechToSpeechSettings
 
 # URL-safe and stable: the name is the agent's id in URLs, in the store and on the dashboard.
 NAME_PATTERN = re.compile(r"[a-z0-9][a-z0-9_-]{0,63}")
@@ -57,6 +57,16 @@ class TurnChoice:
 
 
 @dataclass(frozen=True)
+class SpeechToSpeechChoice:
+    """For `pipeline: openai-realtime`: where the speech-to-speech model is."""
+
+    base_url: str | None = None  # ws(s)://host/v1/realtime (OpenAI's, or any compatible server)
+    model: str | None = None  # the model there (a Cadence server: the agent's name)
+    # The environment variable holding that server's key (the key itself never goes in an agent).
+    api_key_env: str | None = None
+
+
+@dataclass(frozen=True)
 class AgentSpec:
     name: str
     system_prompt: str
@@ -65,6 +75,10 @@ class AgentSpec:
     llm: LLMChoice = LLMChoice()
     knowledge: KnowledgeChoice = KnowledgeChoice()
     turn: TurnChoice = TurnChoice()
+    # What answers the caller: "cascade" (Whisper -> LLM -> TTS here; the default) or
+    # "openai-realtime" (a speech-to-speech model behind OpenAI's Realtime protocol).
+    pipeline: str | None = None
+    speech_to_speech: SpeechToSpeechChoice = SpeechToSpeechChoice()
     # YAML agents only: documents (paths relative to the YAML file) ingested at start.
     knowledge_files: tuple[str, ...] = ()
 
@@ -107,9 +121,30 @@ def _check_fields(spec: AgentSpec, limits: AgentLimits, where: str) -> None:
         (_in(spec.turn.speculate_after_secs, 0.0, 3.0), "turn.speculate_after_secs must be in [0, 3]"),
         (_in(spec.turn.idle_timeout_seconds, 5.0, 3600.0), "turn.idle_timeout_seconds must be in [5, 3600]"),
     ]
+    checks += _speech_to_speech_checks(spec)
     for ok, message in checks:
         if not ok:
             raise ConfigError(f"{where}.{message}")
+
+
+# Only variables named like an API key may be read for a remote: an agent's author must not be
+# able to have the server send, say, its own operator keys to a URL of their choosing.
+API_KEY_ENV_PATTERN = re.compile(r"[A-Z][A-Z0-9_]{0,62}_API_KEY")
+
+
+def _speech_to_speech_checks(spec: AgentSpec) -> list[tuple[bool, str]]:
+    s2s, remote = spec.speech_to_speech, spec.pipeline == "openai-realtime"
+    return [
+        (spec.pipeline in (None, *PIPELINES), f"pipeline must be one of {', '.join(PIPELINES)}"),
+        (not remote or (s2s.base_url or "").startswith(("ws://", "wss://")),
+         "speech_to_speech.base_url must be a ws:// or wss:// URL (e.g. wss://api.openai.com/v1/realtime)"),
+        (not remote or bool(s2s.model), "speech_to_speech.model must name the remote model"),
+        (s2s.api_key_env is None or (API_KEY_ENV_PATTERN.fullmatch(s2s.api_key_env) is not None
+                                     and not s2s.api_key_env.startswith("CADENCE_")),
+         "speech_to_speech.api_key_env must be an environment variable named like OPENAI_API_KEY "
+         "(capitals, ending in _API_KEY, not CADENCE_*)"),
+        (not remote or spec.greeting is None, "greeting is not supported with pipeline openai-realtime yet"),
+    ]
 
 
 def _in(value: float | int | None, low: float, high: float) -> bool:
@@ -162,6 +197,11 @@ def resolve(spec: AgentSpec, config: CadenceConfig) -> CallAgent:
         vad_stop_secs=_pick(turn.vad_stop_secs, config.vad.stop_secs),
         speculate_after_secs=_pick(turn.speculate_after_secs, config.asr.speculate_after_secs),
         idle_timeout_seconds=_pick(turn.idle_timeout_seconds, config.limits.idle_timeout_seconds),
+        pipeline=_pick(spec.pipeline, "cascade"),
+        speech_to_speech=SpeechToSpeechSettings(base_url=spec.speech_to_speech.base_url or "",
+                                                model=spec.speech_to_speech.model or "",
+                                                api_key_env=spec.speech_to_speech.api_key_env)
+        if spec.pipeline == "openai-realtime" else None,
     )
 
 

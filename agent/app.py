@@ -73,7 +73,7 @@ def create_app(config: CadenceConfig, *, engines: Engines | None = None, engines
     events = TurnEvents(on_drop=metrics.dashboard_dropped.inc)
     metrics.track_dashboard_streams(lambda: events.subscriber_count, lambda: events.max_backlog)
     manager = CallManager(config, engines, store, metrics, agents, events=events, search_for=knowledge.search_for,
-                          release_lease=gate.release)
+                          release_lease=gate.release, environ=environ)
     webrtc = WebRTCCalls(manager, config, metrics)
     chat = TextChat(config, agents, engines.llm, metrics, search_for=knowledge.search_for)
     transcriptions = TranscriptionJobs(config.transcription.options(), config.transcription.job_limits(),

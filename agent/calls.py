@@ -10,7 +10,7 @@ import asyncio
 import logging
 import time
 import uuid
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -70,8 +70,10 @@ class CallManager:
     def __init__(self, config: CadenceConfig, engines: Engines, store: CallStore, metrics: CadenceMetrics,
                  agents: AgentRegistry, clock: Callable[[], float] = time.time, events: TurnEvents | None = None,
                  search_for: Callable[[CallAgent], SearchPassages | None] = lambda agent: None,
-                 release_lease: Callable[[SessionLease], None] = lambda lease: None) -> None:
+                 release_lease: Callable[[SessionLease], None] = lambda lease: None,
+                 environ: Mapping[str, str] | None = None) -> None:
         self._release_lease = release_lease  # gives the call's key its session slot back
+        self._environ = environ or {}  # where speech-to-speech agents' remote keys are read
         self._config = config
         self._agents = agents
         self._search_for = search_for  # the agent's knowledge search, if it has any
@@ -171,6 +173,7 @@ class CallManager:
                 on_eager_reply=lambda outcome: self._metrics.eager_replies.labels(outcome).inc(),
                 enable_rtvi=enable_rtvi,
                 observers=observers,
+                remote_api_key=self._remote_api_key(call.agent),
             )
             @call.voice.task.event_handler("on_idle_timeout")
             async def _on_idle(_task) -> None:  # pipecat then cancels the pipeline itself
@@ -197,6 +200,16 @@ class CallManager:
             log.exception("call %s failed", call.id)
         finally:
             await self._finish(call)
+
+    def _remote_api_key(self, agent: CallAgent) -> str | None:
+        remote = agent.speech_to_speech
+        if remote is None or remote.api_key_env is None:
+            return None
+        key = self._environ.get(remote.api_key_env)
+        if not key:
+            log.warning("agent %s: $%s is not set; connecting to its speech-to-speech server without a key",
+                        agent.name, remote.api_key_env)
+        return key or None
 
     async def _cancel_task(self, call: ActiveCall) -> None:
         if call.voice is not None:

@@ -19,6 +19,18 @@ class RetrievalSettings:
     max_tokens: int  # prompt tokens the passages may take together
 
 
+PIPELINES = ("cascade", "openai-realtime")  # what runs between a call's transport input and output
+
+
+@dataclass(frozen=True)
+class SpeechToSpeechSettings:
+    """A speech-to-speech model behind OpenAI's Realtime protocol (pipeline "openai-realtime")."""
+
+    base_url: str  # ws(s)://host/v1/realtime: OpenAI's, or any compatible server (another Cadence)
+    model: str  # the remote model (for a Cadence server: the agent's name)
+    api_key_env: str | None  # the environment variable holding the remote's key; None: no key
+
+
 @dataclass(frozen=True)
 class CallAgent:
     name: str
@@ -34,3 +46,5 @@ class CallAgent:
     vad_stop_secs: float
     speculate_after_secs: float  # 0 = no speculative transcripts
     idle_timeout_seconds: float
+    pipeline: str = "cascade"  # one of PIPELINES
+    speech_to_speech: SpeechToSpeechSettings | None = None  # set when pipeline is "openai-realtime"

@@ -53,8 +53,9 @@ class SpeechEventSink(Protocol):
     async def reply_text_spoken(self, text: str) -> None:
         """Words of the reply whose audio has just been sent."""
 
-    async def reply_finished(self, *, interrupted: bool) -> None:
-        """The reply is over: spoken to its end, or cut off (barge-in, cancel)."""
+    async def reply_finished(self, *, interrupted: bool, audio_ms: float) -> None:
+        """The reply is over: spoken to its end, or cut off (barge-in, cancel) once `audio_ms`
+        of its audio had been sent."""
 
     async def reply_stored(self) -> None:
         """The assistant's last reply (whole, or as far as it went) is now in the LLM context."""
@@ -74,6 +75,7 @@ class SpeechEventObserver(BaseObserver):
         self._output = output_transport
         self._replying = False  # a reply has begun and is not over
         self._written = False  # the reply in progress comes from the model (not a greeting)
+        self._audio_ms = 0.0  # of the reply in progress, sent so far
         self._caller_speaking = False  # as the VAD hears it: speech, then silence long enough to stop
 
     async def on_push_frame(self, data: FramePushed) -> None:
@@ -112,6 +114,7 @@ class SpeechEventObserver(BaseObserver):
             if not self._replying:
                 await self._begin(written=False)
         elif isinstance(frame, OutputAudioRawFrame) and self._replying:
+            self._audio_ms += len(frame.audio) / (2 * frame.num_channels) / frame.sample_rate * 1000.0
             await self._sink.reply_audio(frame.audio, frame.sample_rate)
         elif isinstance(frame, TTSTextFrame) and self._replying:
             await self._sink.reply_text_spoken(frame.text)
@@ -123,9 +126,9 @@ class SpeechEventObserver(BaseObserver):
     async def _begin(self, *, written: bool) -> None:
         if self._replying:  # a new reply before the last one ended: that one is over
             await self._finish(interrupted=False)
-        self._replying, self._written = True, written
+        self._replying, self._written, self._audio_ms = True, written, 0.0
         await self._sink.reply_started()
 
     async def _finish(self, *, interrupted: bool) -> None:
         self._replying = self._written = False
-        await self._sink.reply_finished(interrupted=interrupted)
+        await self._sink.reply_finished(interrupted=interrupted, audio_ms=self._audio_ms)

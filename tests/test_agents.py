@@ -134,3 +134,33 @@ def test_the_shipped_agents_load(default_config):
 
 def test_llm_defaults_cap_replies_at_two_sentences():
     assert LLMConfig().max_reply_sentences == 2
+
+
+REMOTE = {"base_url": "wss://api.openai.com/v1/realtime", "model": "gpt-realtime", "api_key_env": "OPENAI_API_KEY"}
+
+
+def test_a_speech_to_speech_agent_names_its_remote_and_the_variable_with_its_key():
+    agent = resolve(parse_spec({"name": "s2s", "system_prompt": "p", "pipeline": "openai-realtime",
+                                "speech_to_speech": REMOTE}, LIMITS), CadenceConfig())
+    assert agent.pipeline == "openai-realtime"
+    assert (agent.speech_to_speech.base_url, agent.speech_to_speech.model,
+            agent.speech_to_speech.api_key_env) == (REMOTE["base_url"], "gpt-realtime", "OPENAI_API_KEY")
+    cascade = resolve(parse_spec({"name": "c", "system_prompt": "p", "speech_to_speech": REMOTE}, LIMITS),
+                      CadenceConfig())
+    assert cascade.pipeline == "cascade" and cascade.speech_to_speech is None
+
+
+@pytest.mark.parametrize("change, message", [
+    ({"pipeline": "telepathy"}, "pipeline must be one of cascade, openai-realtime"),
+    ({"speech_to_speech": {**REMOTE, "base_url": "https://api.openai.com/v1/realtime"}}, "ws:// or wss://"),
+    ({"speech_to_speech": {**REMOTE, "model": None}}, "speech_to_speech.model"),
+    # An agent's author must not have the server send its own secrets to a URL of their choosing.
+    ({"speech_to_speech": {**REMOTE, "api_key_env": "CADENCE_API_KEYS"}}, "api_key_env"),
+    ({"speech_to_speech": {**REMOTE, "api_key_env": "CADENCE_REMOTE_API_KEY"}}, "api_key_env"),
+    ({"speech_to_speech": {**REMOTE, "api_key_env": "TWILIO_AUTH_TOKEN"}}, "api_key_env"),
+    ({"greeting": "Hi!"}, "greeting is not supported"),
+])
+def test_bad_speech_to_speech_agents_are_refused(change, message):
+    data = {"name": "s2s", "system_prompt": "p", "pipeline": "openai-realtime", "speech_to_speech": REMOTE, **change}
+    with pytest.raises(ConfigError, match=message):
+        parse_spec(data, LIMITS)

@@ -83,16 +83,17 @@ async def test_a_reply_is_told_as_sent_and_ends_when_its_end_leaves_the_output(w
     await push(BotStoppedSpeakingFrame(), source=output)
     assert names(sink) == ["reply_started", "reply_text_generated", "reply_audio", "reply_text_spoken",
                            "reply_finished"]
-    assert sink.calls[-1] == ("reply_finished", ("interrupted", False))
+    assert sink.calls[-1] == ("reply_finished", ("audio_ms", 10.0), ("interrupted", False))
 
 
 async def test_an_interruption_ends_the_reply_and_a_greeting_ends_with_its_audio(wired):
     sink, push, output, _ = wired
     await push(LLMFullResponseStartFrame())
     await push(BotStartedSpeakingFrame(), source=output)
+    await push(TTSAudioRawFrame(b"\x01\x00" * 480, 24_000, 1), source=output)  # 20 ms sent, then cut
     await push(InterruptionFrame())
     await push(InterruptionFrame(), source=output)  # passed on: the reply is already over
-    assert sink.calls[-1] == ("reply_finished", ("interrupted", True))
+    assert sink.calls[-1] == ("reply_finished", ("audio_ms", 20.0), ("interrupted", True))
     sink.calls.clear()
     await push(BotStartedSpeakingFrame(), source=output)  # no model wrote this: a greeting
     await push(TTSAudioRawFrame(b"\x01\x00" * 240, 24_000, 1), source=output)

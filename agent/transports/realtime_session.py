@@ -305,7 +305,7 @@ class RealtimeSession:
         if not self._skip_tts:
             self._send(self.conversation.response_text(text))
 
-    async def reply_finished(self, *, interrupted: bool) -> None:
+    async def reply_finished(self, *, interrupted: bool, audio_ms: float) -> None:
         reason, self._cancel_reason = self._cancel_reason, "turn_detected"
         rest = self._outbound_audio.flush()
         if not interrupted and not self._skip_tts:

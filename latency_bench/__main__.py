@@ -1,6 +1,6 @@
 """latency_bench: time to first sentence as callers hear it, under load.
 
-    python -m latency_bench run [--url URL] --transport twilio|webrtc --callers N --turns K [--ramp] --out DIR
+    python -m latency_bench run [--url URL] --transport twilio|webrtc|realtime --callers N --turns K [--ramp] --out DIR
     python -m latency_bench capacity [--url URL] --transport twilio [--min-turns 20] [--slo-ms 1500] --out DIR
         without --url, `run` and `capacity` start the server themselves: [--config FILE]
         [--deployment FILE|none] [--schedule wanted-by|arrival] [--set KEY=VALUE ...]
@@ -158,7 +158,7 @@ def main(argv: list[str] | None = None) -> int:
 
     def common(p, *, url_required: bool) -> None:
         p.add_argument("--url", required=url_required, help="server base URL, e.g. http://127.0.0.1:8000")
-        p.add_argument("--transport", default="twilio", choices=["twilio", "webrtc"])
+        p.add_argument("--transport", default="twilio", choices=["twilio", "webrtc", "realtime"])
         p.add_argument("--turns", type=int, default=5, help="turns per caller")
         p.add_argument("--seed", type=int, default=0, help="voices, questions and pauses are fixed by it")
         p.add_argument("--barge-in-every", type=int, default=0, metavar="K",

@@ -9,7 +9,7 @@ from dataclasses import asdict, dataclass
 
 import httpx
 
-from latency_bench import twilio_caller, webrtc_caller
+from latency_bench import realtime_caller, twilio_caller, webrtc_caller
 from latency_bench.conversation import gather_calls, plan_caller
 from latency_bench.listen import TurnRecord
 from latency_bench.stats import join_server_turns, summarize
@@ -21,7 +21,7 @@ PERSIST_WAIT_S = 1.0  # the server stores a call's turns as the call ends
 @dataclass(frozen=True)
 class Scenario:
     url: str  # the server's base URL, http://host:port
-    transport: str = "twilio"  # "twilio" | "webrtc"
+    transport: str = "twilio"  # "twilio" | "webrtc" | "realtime" (OpenAI's Realtime protocol, /v1/realtime)
     turns: int = 5  # per caller
     seed: int = 0
     barge_in_every: int = 0  # every k-th turn talks over the previous reply; 0: never
@@ -104,7 +104,10 @@ async def _one_call(scenario: Scenario, caller: int, plan, on_turn):
         return await twilio_caller.call(ws_url, plan, **kwargs)
     if scenario.transport == "webrtc":
         return await webrtc_caller.call(scenario.url.rstrip("/") + "/api/offer", plan, **kwargs)
-    raise ValueError(f"unknown transport {scenario.transport!r}; expected twilio or webrtc")
+    if scenario.transport == "realtime":
+        ws_url = scenario.url.replace("http://", "ws://").replace("https://", "wss://").rstrip("/") + "/v1/realtime"
+        return await realtime_caller.call(ws_url, plan, **kwargs)
+    raise ValueError(f"unknown transport {scenario.transport!r}; expected twilio, webrtc or realtime")
 
 
 async def _server_call(http: httpx.AsyncClient, transport: str, outcome) -> dict | None:

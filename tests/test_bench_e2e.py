@@ -1,4 +1,4 @@
-"""latency_bench against real servers on loopback: Cadence (both transports) and the stock baseline."""
+"""latency_bench against real servers on loopback: Cadence (every transport) and the stock baseline."""
 
 from __future__ import annotations
 
@@ -44,6 +44,17 @@ async def test_a_webrtc_caller_is_measured_and_joined(server, monkeypatch):
     monkeypatch.setattr(aioice.ice, "get_host_addresses", lambda use_ipv4, use_ipv6: ["127.0.0.1"] if use_ipv4 else [])
     results = await bench.run(Scenario(url=server.base_url, transport="webrtc", turns=2), [1], progress=False)
     assert_every_turn_answered_and_joined(results["levels"][0], turns=2)
+
+
+async def test_a_realtime_caller_is_measured_and_joined_and_its_barge_in_stops_the_reply(server):
+    results = await bench.run(Scenario(url=server.base_url, transport="realtime", turns=3, barge_in_every=2), [1],
+                              progress=False)
+    level, = results["levels"]
+    turns = level["turns"]
+    assert [t["barged_in"] for t in turns] == [False, True, False]
+    assert 0 < turns[1]["barge_in_stop_ms"] < 2000
+    for turn in (turns[0], turns[2]):  # joined with the server's record, on the same wall clock
+        assert turn["server"] is not None and -50 < turn["ttfs_ms"] - turn["server"]["ttfs_ms"] < 500, turn
 
 
 async def test_a_barge_in_turn_reports_when_the_reply_stopped(server):

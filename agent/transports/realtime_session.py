@@ -116,7 +116,7 @@ class RealtimeSession:
                 return
 
     def _session_object(self) -> dict:
-        return session_object(self.conversation.settings, session_id=f"sess_{self._call.id[:20]}", model=self._model)
+        return session_object(self.conversation.settings, session_id=f"sess_{self._call.id}", model=self._model)
 
     # --- client events ----------------------------------------------------------------------------
 

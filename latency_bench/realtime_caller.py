@@ -1,0 +1,111 @@
+"""A synthetic caller speaking OpenAI's Realtime protocol to /v1/realtime.
+
+Like the phone caller, it sends 20 ms of audio every 20 ms on an absolute schedule (PCM16
+24 kHz, `input_audio_buffer.append`), and the server's VAD decides turns. What it hears
+(`response.output_audio.delta`) goes to the same `ReplyTracker`, so TTFS means the same:
+the caller's last voiced audio to the first audible reply audio received.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import base64
+import json
+import time
+from collections.abc import Callable
+from dataclasses import dataclass
+
+import numpy as np
+import websockets
+
+from latency_bench.audio import last_voiced_sample, resample
+from latency_bench.conversation import PlannedTurn, converse
+from latency_bench.listen import ReplyTracker, TurnRecord
+
+RATE = 24_000
+FRAME_SECONDS = 0.02
+FRAME_SAMPLES = int(RATE * FRAME_SECONDS)
+SILENCE = np.zeros(FRAME_SAMPLES, dtype=np.int16)
+MAX_LAG_S = 0.1  # a caller this far behind its schedule (loaded machine) restarts it
+
+
+@dataclass
+class CallResult:
+    call_id: str | None  # the server's call id (from the session's id)
+    turns: list[TurnRecord]
+    close_code: int | None = None
+    error: str | None = None
+
+
+class RealtimeLine:
+    def __init__(self, ws) -> None:
+        self._ws = ws
+        self._next_at = time.monotonic()
+
+    async def send_frame(self, samples: np.ndarray) -> float:
+        delay = self._next_at - time.monotonic()
+        if delay > 0:
+            await asyncio.sleep(delay)
+        elif delay < -MAX_LAG_S:
+            self._next_at = time.monotonic()
+        audio = base64.b64encode(samples.astype("<i2").tobytes()).decode()
+        await self._ws.send(json.dumps({"type": "input_audio_buffer.append", "audio": audio}))
+        self._next_at += FRAME_SECONDS
+        return time.time()
+
+    async def say(self, samples: np.ndarray, rate: int, on_first_frame: Callable[[float], None]) -> float:
+        samples = resample(samples, rate, RATE)
+        end_index = last_voiced_sample(samples, RATE)
+        voiced_sent_at = time.time()
+        for start in range(0, len(samples), FRAME_SAMPLES):
+            frame = samples[start:start + FRAME_SAMPLES]
+            if len(frame) < FRAME_SAMPLES:
+                frame = np.pad(frame, (0, FRAME_SAMPLES - len(frame)))
+            sent_at = await self.send_frame(frame)
+            if start == 0:
+                on_first_frame(sent_at)
+            if start < end_index:
+                voiced_sent_at = sent_at
+        return voiced_sent_at
+
+    async def pause(self, seconds: float) -> None:
+        for _ in range(max(1, round(seconds / FRAME_SECONDS))):
+            await self.send_frame(SILENCE)
+
+
+async def call(url: str, plan: list[PlannedTurn], *, caller: int = 0, keep_audio: bool = False,
+               reply_timeout_s: float = 20.0, reply_quiet_s: float = 1.5,
+               on_turn: Callable[[TurnRecord], None] | None = None, agent: str | None = None,
+               api_key: str | None = None) -> CallResult:
+    """One session with `url` (ws://host:port/v1/realtime) that goes through `plan`."""
+    tracker = ReplyTracker(keep_audio=keep_audio)
+    target = f"{url}?model={agent}" if agent else url
+    headers = {"Authorization": f"Bearer {api_key}"} if api_key else {}
+    session: dict = {}
+    error = None
+    async with websockets.connect(target, max_size=2**22, open_timeout=10, additional_headers=headers) as ws:
+        created = json.loads(await ws.recv())
+        session.update(created.get("session", {}))
+        receiver = asyncio.create_task(_receive(ws, tracker))
+        try:
+            await converse(RealtimeLine(ws), tracker, plan, caller=caller, transport="realtime",
+                           reply_timeout_s=reply_timeout_s, reply_quiet_s=reply_quiet_s, on_turn=on_turn)
+        except websockets.ConnectionClosed as exc:
+            error = f"server closed the session: {exc.rcvd.code if exc.rcvd else 'no close frame'}"
+        finally:
+            receiver.cancel()
+            await asyncio.gather(receiver, return_exceptions=True)
+        call_id = str(session.get("id", "")).removeprefix("sess_") or None
+        return CallResult(call_id, tracker.turns, ws.close_code, error)
+
+
+async def _receive(ws, tracker: ReplyTracker) -> None:
+    async for message in ws:
+        event = json.loads(message)
+        now = time.time()
+        kind = event.get("type")
+        if kind == "response.output_audio.delta":
+            samples = np.frombuffer(base64.b64decode(event["delta"]), dtype="<i2")
+            tracker.hear(now, samples, RATE)
+        elif kind == "response.done" and event["response"].get("status") == "cancelled":
+            tracker.clear(now)  # the server stopped the reply: what it would have said is not heard

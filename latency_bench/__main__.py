@@ -10,6 +10,8 @@
     python -m latency_bench quality --url URL --agent NAME --out DIR [--no-spoken] [--runs 1]
     python -m latency_bench pauses [--url URL] --out DIR [--runs 3] [--pause-s 0.6] [--set KEY=VALUE ...]
         [--agent-file AGENT.yaml --agent NAME]
+    python -m latency_bench transports [--url URL] --out DIR [--runs 3] [--turns 5] [--ways twilio,webrtc,...]
+        [--set KEY=VALUE ...] [--agent-file AGENT.yaml --agent NAME]
 
 `run` measures N synthetic callers (with --ramp: 1, 2, 4, ... N in turn); `capacity`
 raises the number of callers until TTFS p95 breaks the SLO or replies underrun;
@@ -20,7 +22,9 @@ the question set (latency_bench/quality_set.json) by text chat and, for its spok
 subset, by phone call; it writes DIR/quality.json and prints grounded-answer accuracy,
 refusal rate and reply length for each path. `pauses` has one caller stop mid-sentence
 and ask complete questions in turn (latency_bench/pauses.py): it counts replies that
-came inside the pauses, and the complete questions' TTFS.
+came inside the pauses, and the complete questions' TTFS. `transports` measures one agent
+through the phone socket, WebRTC, /v1/realtime and a speech-to-speech relay agent (a cascade
+behind a cascade), one caller at a time, alternating (latency_bench/transports.py).
 """
 
 from __future__ import annotations
@@ -152,6 +156,21 @@ def cmd_pauses(args) -> dict:
     return results["summary"] | {"server_per_run": [r["server"] for r in runs]}
 
 
+def cmd_transports(args) -> dict:
+    from latency_bench import transports
+
+    ways = tuple(w for w in args.ways.split(",") if w)
+    unknown = set(ways) - set(transports.WAYS)
+    if unknown:
+        raise RuntimeError(f"unknown ways {sorted(unknown)}; known: {', '.join(transports.WAYS)}")
+    with contextlib.ExitStack() as stack:
+        url = _started_server(stack, args, 2)  # the relay's call and the one it makes
+        results = transports.run(replace(_scenario(args), url=url), args.runs, ways)
+    args.out.mkdir(parents=True, exist_ok=True)
+    (args.out / "transports.json").write_text(json.dumps(results, indent=2))
+    return results["summary"]
+
+
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(prog="python -m latency_bench", description=__doc__.split("\n\n")[0])
     sub = parser.add_subparsers(dest="command", required=True)
@@ -180,7 +199,12 @@ def main(argv: list[str] | None = None) -> int:
     pau_p.add_argument("--runs", type=int, default=3, help="calls of ten turns each (five paused, five complete)")
     pau_p.add_argument("--pause-s", type=float, default=0.6, help="the pause in the middle of each paused sentence")
     pau_p.add_argument("--agent", help="the agent the caller asks for (default: the server's default agent)")
-    for p in (run_p, cap_p, pau_p):  # without --url the bench starts (and stops) the server itself
+    tr_p = sub.add_parser("transports", help="one agent's TTFS by phone, WebRTC, /v1/realtime and a relay agent")
+    common(tr_p, url_required=False)
+    tr_p.add_argument("--runs", type=int, default=3, help="rounds; each makes one call through every way in")
+    tr_p.add_argument("--ways", default=",".join(("twilio", "webrtc", "realtime", "twilio-relay")),
+                      help="comma-separated, of: twilio, webrtc, realtime, twilio-relay")
+    for p in (run_p, cap_p, pau_p, tr_p):  # without --url the bench starts (and stops) the server itself
         p.add_argument("--config", type=Path, help="config of the server the bench starts (default: configs/default.yaml)")
         p.add_argument("--deployment", help="where the started server runs each model: a deployment file, "
                                             "or none (all in-process); default: the config's")
@@ -223,7 +247,8 @@ def main(argv: list[str] | None = None) -> int:
     if args.command == "compare" and args.transport != "twilio":
         parser.error("compare runs over the phone transport (the baseline serves /ws/twilio only)")
     command = {"run": cmd_run, "capacity": cmd_capacity, "compare": cmd_compare,
-               "retrieval-ab": cmd_retrieval_ab, "quality": cmd_quality, "pauses": cmd_pauses}[args.command]
+               "retrieval-ab": cmd_retrieval_ab, "quality": cmd_quality, "pauses": cmd_pauses,
+               "transports": cmd_transports}[args.command]
     try:
         print(json.dumps(command(args), indent=2, default=str))
     except (TimeoutError, RuntimeError, ConnectionError) as exc:

@@ -179,3 +179,26 @@ def test_the_pause_bench_alternates_sentences_broken_mid_way_with_plain_question
     for turn, is_paused in zip(turns, paused):
         gap = longest_silence_s(turn.utterance.samples, turn.utterance.rate)
         assert (0.5 <= gap <= 0.8) if is_paused else gap < 0.3, (turn.utterance.text, gap)
+
+
+def test_the_transports_summary_takes_medians_over_runs_and_compares_with_the_phone():
+    from latency_bench import transports
+
+    def run(p50, p95, server=None, errors=0):
+        return {"ttfs_ms": {"p50": p50, "p95": p95}, "server_ttfs_ms_p50": server, "errors": errors, "turns": 5}
+
+    summary = transports.summarize({"twilio": [run(1000, 1400), run(1100, 1300), run(900, 1500)],
+                                    "webrtc": [run(1300, 1600, errors=1), run(None, None), run(1200, 1700)]})
+    assert summary["twilio"] == {"ttfs_ms_p50": 1000, "ttfs_ms_p95": 1400, "server_ttfs_ms_p50": None,
+                                 "errors": 0, "p50_minus_phone_ms": 0}
+    assert summary["webrtc"]["ttfs_ms_p50"] == 1250 and summary["webrtc"]["p50_minus_phone_ms"] == 250
+    assert summary["webrtc"]["errors"] == 1
+
+
+def test_the_relay_agent_is_a_valid_speech_to_speech_agent():
+    from agent.agents import AgentLimits, parse_spec
+    from latency_bench import transports
+
+    spec = parse_spec(transports.relay_agent("ws://127.0.0.1:8000", "default"),
+                      AgentLimits(max_prompt_chars=1000, max_greeting_chars=100))
+    assert spec.pipeline == "openai-realtime" and spec.speech_to_speech.base_url == "ws://127.0.0.1:8000/v1/realtime"

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import logging
 import socket
 import threading
 import time
@@ -99,3 +100,28 @@ async def finished_call(base_url: str, external_id: str, *, timeout_s: float = 5
                 return call
             await asyncio.sleep(0.1)
     raise AssertionError(f"call {call_id} still live after {timeout_s} s")
+
+
+CLIENT_LOGGERS = ("websockets.client", "httpx", "httpcore", "openai")
+
+
+@pytest.fixture
+def log_lines():
+    """Every line the server logs during the test (DEBUG and up), formatted: for what it must
+    never log. The test's own clients (websockets' client, httpx, the openai SDK) log the
+    headers they send at DEBUG; those lines are the client's, not the server's, and are left out."""
+    records: list[str] = []
+
+    class Collect(logging.Handler):
+        def emit(self, record: logging.LogRecord) -> None:
+            if not record.name.startswith(CLIENT_LOGGERS):
+                records.append(f"{record.name}: {self.format(record)}")
+
+    handler = Collect(level=logging.DEBUG)
+    root = logging.getLogger()
+    old_level = root.level
+    root.addHandler(handler)
+    root.setLevel(logging.DEBUG)
+    yield records
+    root.removeHandler(handler)
+    root.setLevel(old_level)

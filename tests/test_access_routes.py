@@ -53,24 +53,6 @@ def open_server(server_config: CadenceConfig):
         yield running
 
 
-@pytest.fixture
-def log_lines():
-    records: list[str] = []
-
-    class Collect(logging.Handler):
-        def emit(self, record: logging.LogRecord) -> None:
-            records.append(self.format(record))
-
-    handler = Collect(level=logging.DEBUG)
-    root = logging.getLogger()
-    old_level = root.level
-    root.addHandler(handler)
-    root.setLevel(logging.DEBUG)
-    yield records
-    root.removeHandler(handler)
-    root.setLevel(old_level)
-
-
 def bearer(credential: str) -> dict[str, str]:
     return {"Authorization": f"Bearer {credential}"}
 

@@ -146,7 +146,7 @@ async def test_bad_events_get_error_events_and_the_session_goes_on(server):
         assert (await rt.next("response.done")).response.status == "completed"
 
 
-async def test_credentials_are_checked_at_the_handshake(server):
+async def test_credentials_are_checked_at_the_handshake_and_never_logged(server, log_lines):
     url = f"{server.ws_url}/v1/realtime?model=default"
     for headers, status in (({}, 401), ({"Authorization": "Bearer wrong-key-0123456789"}, 401),
                             ({"Authorization": f"Bearer {KEY}", "Origin": "https://evil.example"}, 403)):
@@ -170,6 +170,10 @@ async def test_credentials_are_checked_at_the_handshake(server):
         await websockets.connect(url.replace("default", "nobody"), open_timeout=5,
                                  additional_headers={"Authorization": f"Bearer {KEY}"})
     assert unknown_agent.value.response.status_code == 404
+    text = "\n".join(log_lines)
+    assert "access refused" in text  # the log was captured
+    for secret in (KEY, token["value"], token["value"][3:]):
+        assert secret not in text
 
 
 async def test_the_session_cap_refuses_a_second_session_without_disturbing_the_first(server):

@@ -17,6 +17,7 @@ from typing import Protocol
 
 import numpy as np
 
+from latency_bench.audio import last_voiced_sample, resample
 from latency_bench.listen import ReplyTracker, TurnRecord
 from latency_bench.speech import Utterance, utterance_for
 
@@ -51,6 +52,54 @@ def plan_caller(caller: int, turns: int, *, seed: int = 0, barge_in_every: int =
             barge_in_after_s=rng.uniform(0.8, 1.5) if barge else None,
         ))
     return plan
+
+
+class PacedLine:
+    """A `Line` that sends one frame every `frame_seconds` on an absolute schedule, so slow sends
+    don't drift: speech when the caller talks, silence otherwise, as a phone or microphone does.
+    A subclass sends one frame of int16 samples at `rate` in its own protocol (`_send`)."""
+
+    rate: int
+    frame_seconds = 0.02
+    max_lag_s = 0.1  # a caller this far behind its schedule (loaded machine) restarts it
+
+    def __init__(self) -> None:
+        self._next_at = time.monotonic()
+        self.frame_samples = int(self.rate * self.frame_seconds)
+
+    async def _send(self, frame: np.ndarray) -> None:
+        raise NotImplementedError
+
+    async def send_frame(self, frame: np.ndarray) -> float:
+        """Sends `frame` when its turn comes; returns when (wall clock) it went."""
+        delay = self._next_at - time.monotonic()
+        if delay > 0:
+            await asyncio.sleep(delay)
+        elif delay < -self.max_lag_s:
+            self._next_at = time.monotonic()
+        await self._send(frame)
+        self._next_at += self.frame_seconds
+        return time.time()
+
+    async def say(self, samples: np.ndarray, rate: int, on_first_frame: Callable[[float], None]) -> float:
+        samples = resample(samples, rate, self.rate)
+        end_index = last_voiced_sample(samples, self.rate)
+        voiced_sent_at = time.time()
+        for start in range(0, len(samples), self.frame_samples):
+            frame = samples[start:start + self.frame_samples]
+            if len(frame) < self.frame_samples:
+                frame = np.pad(frame, (0, self.frame_samples - len(frame)))
+            sent_at = await self.send_frame(frame)
+            if start == 0:
+                on_first_frame(sent_at)
+            if start < end_index:
+                voiced_sent_at = sent_at
+        return voiced_sent_at
+
+    async def pause(self, seconds: float) -> None:
+        silence = np.zeros(self.frame_samples, dtype=np.int16)
+        for _ in range(max(1, round(seconds / self.frame_seconds))):
+            await self.send_frame(silence)
 
 
 class Line(Protocol):

@@ -18,15 +18,10 @@ from dataclasses import dataclass
 import numpy as np
 import websockets
 
-from latency_bench.audio import last_voiced_sample, resample
-from latency_bench.conversation import PlannedTurn, converse
+from latency_bench.conversation import PacedLine, PlannedTurn, converse
 from latency_bench.listen import ReplyTracker, TurnRecord
 
 RATE = 24_000
-FRAME_SECONDS = 0.02
-FRAME_SAMPLES = int(RATE * FRAME_SECONDS)
-SILENCE = np.zeros(FRAME_SAMPLES, dtype=np.int16)
-MAX_LAG_S = 0.1  # a caller this far behind its schedule (loaded machine) restarts it
 
 
 @dataclass
@@ -37,40 +32,18 @@ class CallResult:
     error: str | None = None
 
 
-class RealtimeLine:
+class RealtimeLine(PacedLine):
+    """20 ms `input_audio_buffer.append` events of PCM16 24 kHz."""
+
+    rate = RATE
+
     def __init__(self, ws) -> None:
+        super().__init__()
         self._ws = ws
-        self._next_at = time.monotonic()
 
-    async def send_frame(self, samples: np.ndarray) -> float:
-        delay = self._next_at - time.monotonic()
-        if delay > 0:
-            await asyncio.sleep(delay)
-        elif delay < -MAX_LAG_S:
-            self._next_at = time.monotonic()
-        audio = base64.b64encode(samples.astype("<i2").tobytes()).decode()
+    async def _send(self, frame: np.ndarray) -> None:
+        audio = base64.b64encode(frame.astype("<i2").tobytes()).decode()
         await self._ws.send(json.dumps({"type": "input_audio_buffer.append", "audio": audio}))
-        self._next_at += FRAME_SECONDS
-        return time.time()
-
-    async def say(self, samples: np.ndarray, rate: int, on_first_frame: Callable[[float], None]) -> float:
-        samples = resample(samples, rate, RATE)
-        end_index = last_voiced_sample(samples, RATE)
-        voiced_sent_at = time.time()
-        for start in range(0, len(samples), FRAME_SAMPLES):
-            frame = samples[start:start + FRAME_SAMPLES]
-            if len(frame) < FRAME_SAMPLES:
-                frame = np.pad(frame, (0, FRAME_SAMPLES - len(frame)))
-            sent_at = await self.send_frame(frame)
-            if start == 0:
-                on_first_frame(sent_at)
-            if start < end_index:
-                voiced_sent_at = sent_at
-        return voiced_sent_at
-
-    async def pause(self, seconds: float) -> None:
-        for _ in range(max(1, round(seconds / FRAME_SECONDS))):
-            await self.send_frame(SILENCE)
 
 
 async def call(url: str, plan: list[PlannedTurn], *, caller: int = 0, keep_audio: bool = False,

@@ -18,15 +18,14 @@ from dataclasses import dataclass
 import numpy as np
 import websockets
 
-from latency_bench.audio import last_voiced_sample, mulaw_decode, mulaw_encode, resample
-from latency_bench.conversation import PlannedTurn, converse
+from latency_bench.audio import mulaw_decode, mulaw_encode
+from latency_bench.conversation import PacedLine, PlannedTurn, converse
 from latency_bench.listen import ReplyTracker, TurnRecord
 
 PHONE_RATE = 8000
 FRAME_SECONDS = 0.02
 FRAME_SAMPLES = int(PHONE_RATE * FRAME_SECONDS)
 SILENCE_FRAME = mulaw_encode(np.zeros(FRAME_SAMPLES, dtype=np.int16))
-MAX_LAG_S = 0.1  # a caller this far behind its schedule (loaded machine) restarts it
 
 
 @dataclass
@@ -38,43 +37,19 @@ class CallResult:
     error: str | None = None
 
 
-class PhoneLine:
-    """Sends one frame per 20 ms on an absolute schedule, so slow sends don't drift."""
+class PhoneLine(PacedLine):
+    """20 ms mu-law `media` events on the call's stream."""
+
+    rate = PHONE_RATE
 
     def __init__(self, ws, stream_sid: str) -> None:
+        super().__init__()
         self._ws = ws
         self._stream_sid = stream_sid
-        self._next_at = time.monotonic()
 
-    async def send_frame(self, mulaw: bytes) -> float:
-        delay = self._next_at - time.monotonic()
-        if delay > 0:
-            await asyncio.sleep(delay)
-        elif delay < -MAX_LAG_S:
-            self._next_at = time.monotonic()
+    async def _send(self, frame: np.ndarray) -> None:
         await self._ws.send(json.dumps({"event": "media", "streamSid": self._stream_sid,
-                                        "media": {"payload": base64.b64encode(mulaw).decode()}}))
-        self._next_at += FRAME_SECONDS
-        return time.time()
-
-    async def say(self, samples: np.ndarray, rate: int, on_first_frame: Callable[[float], None]) -> float:
-        samples = resample(samples, rate, PHONE_RATE)
-        end_index = last_voiced_sample(samples, PHONE_RATE)
-        voiced_sent_at = time.time()
-        for start in range(0, len(samples), FRAME_SAMPLES):
-            frame = samples[start : start + FRAME_SAMPLES]
-            if len(frame) < FRAME_SAMPLES:
-                frame = np.pad(frame, (0, FRAME_SAMPLES - len(frame)))
-            sent_at = await self.send_frame(mulaw_encode(frame))
-            if start == 0:
-                on_first_frame(sent_at)
-            if start < end_index:
-                voiced_sent_at = sent_at
-        return voiced_sent_at
-
-    async def pause(self, seconds: float) -> None:
-        for _ in range(max(1, round(seconds / FRAME_SECONDS))):
-            await self.send_frame(SILENCE_FRAME)
+                                        "media": {"payload": base64.b64encode(mulaw_encode(frame)).decode()}}))
 
 
 async def call(

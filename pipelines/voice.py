@@ -23,7 +23,7 @@ from pipecat.transports.base_transport import BaseTransport
 
 from agent.config import CadenceConfig
 from pipelines.call_agent import CallAgent
-from pipelines.cascade import cascade_stages, tts_service  # noqa: F401  (tts_service: re-exported)
+from pipelines.cascade import cascade_stages
 from pipelines.retrieval import SearchPassages
 from pipelines.speech_adapter import CallHooks, Engines, SpeechStages
 from pipelines.turn_end import PauseVerdict

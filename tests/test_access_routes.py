@@ -7,7 +7,6 @@ from __future__ import annotations
 
 import asyncio
 import json
-import logging
 from contextlib import contextmanager
 from dataclasses import replace
 

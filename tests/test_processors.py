@@ -290,7 +290,7 @@ def test_the_schedule_switch_reaches_the_voice_and_bad_values_are_refused(defaul
 
     from agent.config import load_config
     from agent.errors import ConfigError
-    from pipelines.voice import tts_service
+    from pipelines.cascade import tts_service
 
     arrival = replace(default_config, server=replace(default_config.server, schedule="arrival"))
     assert tts_service(ToneTTS(), arrival, voice="tone")._schedule_by_playout is False

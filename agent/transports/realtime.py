@@ -23,7 +23,6 @@ from pipecat.serializers.base_serializer import FrameSerializer
 from pipecat.transports.websocket.fastapi import FastAPIWebsocketParams, FastAPIWebsocketTransport
 
 from agent.access import Gatekeeper, refusal_reason, subprotocols
-from agent.auth import SessionLease
 from agent.calls import ActiveCall, CallManager
 from agent.config import CadenceConfig
 from agent.errors import CadenceError, CapacityError, NotFoundError, SessionLimitError

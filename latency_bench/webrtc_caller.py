@@ -20,6 +20,7 @@ import av
 import httpx
 import numpy as np
 from aiortc import MediaStreamTrack, RTCConfiguration, RTCPeerConnection, RTCSessionDescription
+from aiortc.jitterbuffer import JitterBuffer
 from aiortc.mediastreams import MediaStreamError
 
 from latency_bench.audio import last_voiced_sample, resample
@@ -182,7 +183,10 @@ async def call(
 
     try:
         # sendrecv at index 0: SmallWebRTC answers on the first transceiver with its own audio.
-        pc.addTransceiver(mic, direction="sendrecv")
+        transceiver = pc.addTransceiver(mic, direction="sendrecv")
+        # aiortc's receiver holds 4 packets (80 ms) before it plays one; the phone caller counts
+        # audio as it arrives. Like for like: release each packet once the next is in (~20 ms).
+        transceiver.receiver._RTCRtpReceiver__jitter_buffer = JitterBuffer(capacity=16, prefetch=0)
         # Browser clients open one; without it the server queues (then drops) its RTVI messages.
         pc.createDataChannel(DATA_CHANNEL_LABEL)
         # aiortc's setLocalDescription gathers every (host) candidate before it returns.

@@ -13,6 +13,7 @@ import logging
 from typing import Any
 
 from aiortc import RTCIceServer
+from aiortc.jitterbuffer import JitterBuffer
 from aiortc.sdp import candidate_from_sdp
 from pipecat.transports.base_transport import TransportParams
 from pipecat.transports.smallwebrtc.connection import SmallWebRTCConnection
@@ -27,8 +28,15 @@ from agent.metrics import CadenceMetrics
 log = logging.getLogger(__name__)
 
 TRANSPORT = "webrtc"
-# Opus runs at 48 kHz; 24 kHz output keeps resampling cheap and speech intact.
-WEBRTC_OUTPUT_SAMPLE_RATE = 24_000
+# Opus runs at 48 kHz. Handing aiortc 48 kHz spares its own 24 -> 48 kHz step, whose 20 ms
+# packets wait on the next 10 ms frame (8 ms on the first reply audio, latency_bench/webrtc_path.py);
+# the TTS's audio is resampled once, in pipecat, either way.
+WEBRTC_OUTPUT_SAMPLE_RATE = 48_000
+# aiortc's audio jitter buffer holds 4 packets before releasing one (prefetch=4): 80 ms on every
+# frame of the caller's speech, so on every end of turn. Packets are still put back in order
+# without it; on loopback and LANs the network jitter it guards against is a few ms.
+CALLER_JITTER_PACKETS_PREFETCH = 0
+CALLER_JITTER_BUFFER_PACKETS = 16
 MAX_CANDIDATES_PER_PATCH = 32
 
 
@@ -105,6 +113,7 @@ class WebRTCCalls:
             # aiortc's parser raises many exception types on malformed SDP (see FACTS).
             raise BadSignalingError(f"malformed SDP offer: {exc.__class__.__name__}") from None
 
+        _shorten_caller_jitter_buffer(connection)
         transport = SmallWebRTCTransport(
             webrtc_connection=connection,
             params=TransportParams(audio_in_enabled=True, audio_out_enabled=True),
@@ -148,6 +157,14 @@ class WebRTCCalls:
             candidate.sdpMid = c.get("sdp_mid", c.get("sdpMid"))
             candidate.sdpMLineIndex = c.get("sdp_mline_index", c.get("sdpMLineIndex"))
             await connection.add_ice_candidate(candidate)
+
+
+def _shorten_caller_jitter_buffer(connection: SmallWebRTCConnection) -> None:
+    """aiortc offers no setting for it; pipecat replaces the video receiver's buffer the same way."""
+    for transceiver in connection.pc.getTransceivers():
+        if transceiver.kind == "audio":
+            transceiver.receiver._RTCRtpReceiver__jitter_buffer = JitterBuffer(
+                capacity=CALLER_JITTER_BUFFER_PACKETS, prefetch=CALLER_JITTER_PACKETS_PREFETCH)
 
 
 async def _disconnect_quietly(connection: SmallWebRTCConnection) -> None:

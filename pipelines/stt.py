@@ -210,9 +210,12 @@ class EngineSTTService(EagerEndOfTurnSTTServiceMixin, SegmentedSTTService):
         self._drop_speculation()
         self._drop_partial()
         self._agreement.reset()
-        self._partial_from_bytes = 0
         self._paused = False
         await super()._handle_user_started_speaking(frame)
+        # The buffer already holds pipecat's ~1 s of audio from before the VAD spoke, most of
+        # it silence: the first partial waits for `partial_every_s` of the turn itself, since
+        # Whisper turns a fraction of a word into a guess ("Hel-" came back "The Lord.").
+        self._partial_from_bytes = len(self._audio_buffer)
 
     async def process_audio_frame(self, frame: InputAudioRawFrame, direction: FrameDirection) -> None:
         await super().process_audio_frame(frame, direction)

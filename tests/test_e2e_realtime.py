@@ -17,6 +17,27 @@ from tests.realtime_client import audio_ms, realtime_session, utterance
 pytestmark = [pytest.mark.e2e, pytest.mark.slow]
 
 
+@pytest.fixture
+def server(server_config, embedded_engines, tmp_path):
+    """The default agent, allowed replies of several sentences: the barge-in below lands after
+    a reply's first sentence has played and before its last (the shipped agent says one)."""
+    from dataclasses import replace
+
+    import yaml
+
+    from tests.conftest import REPO_ROOT, running_server
+
+    agent = yaml.safe_load((REPO_ROOT / "configs" / "agents" / "default.yaml").read_text())
+    agent["llm"]["max_reply_sentences"] = 4
+    (tmp_path / "agents").mkdir()
+    (tmp_path / "knowledge").symlink_to(REPO_ROOT / "configs" / "knowledge" / "default")
+    agent["knowledge_files"] = ["../knowledge/*.md"]  # relative to the agent's file, as shipped
+    (tmp_path / "agents" / "default.yaml").write_text(yaml.safe_dump(agent))
+    config = replace(server_config, agents=replace(server_config.agents, dir=str(tmp_path / "agents")))
+    with running_server(config, embedded_engines) as running:
+        yield running
+
+
 async def test_a_spoken_conversation_with_barge_in_cancel_and_truncate(server):
     async with realtime_session(server.base_url) as rt:
         await rt.connection.session.update(session={"type": "realtime", "audio": {
@@ -39,6 +60,7 @@ async def test_a_spoken_conversation_with_barge_in_cancel_and_truncate(server):
         # Turn 2: the caller speaks over the reply; it is cut off, and the item truncated to what played.
         mark = len(rt.events)
         await rt.send_pcm(utterance("Tell me about the weather in Paris in spring, please."))
+        # A sentence's words come once its audio has gone out: barge in after the first one.
         second_words = await rt.next("response.output_audio_transcript.delta", after=mark, timeout_s=60)
         barge_in = asyncio.create_task(rt.send_pcm(utterance("Wait, actually, stop.")))
         cancelled = await rt.next("response.done", after=rt.index_of(second_words), timeout_s=30)

@@ -95,6 +95,15 @@ async function main() {
     const call = await context.newPage();
     watch(call, "call page");
     await call.goto(`${args["base-url"]}/`);
+    // Every partial the page shows, in order: the first may be Whisper's guess at half a word.
+    await call.evaluate(() => {
+      const partial = document.querySelector("#hearing .partial");
+      window.partialsShown = [];
+      new MutationObserver(() => {
+        const text = partial.textContent;
+        if (text && window.partialsShown.at(-1) !== text) window.partialsShown.push(text);
+      }).observe(partial, { childList: true, characterData: true, subtree: true });
+    });
     await call.click("#call");
     await call.locator('body[data-call-state="connected"]').waitFor({ timeout: CONNECT_TIMEOUT_MS });
     const callId = await call.evaluate(() => window.cadenceCall.callId);
@@ -106,11 +115,11 @@ async function main() {
 
     // The caller's words so far, shown while they speak (the server streams partials).
     await call.locator("#hearing:not([hidden])").waitFor({ timeout: REPLY_TIMEOUT_MS });
-    const hearing = await call.locator("#hearing .partial").textContent();
     mark("partial_transcript_shown");
 
     const inbound = await waitForReplyAudio(call);
     mark("reply_audio_received");
+    const hearing = await call.evaluate(() => window.partialsShown);
 
     // The turn closes when the reply has played out; the open dashboard gets it live.
     const live = await rowTtfs(dashboard, callId, TURN_CLOSED_TIMEOUT_MS);

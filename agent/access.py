@@ -121,19 +121,37 @@ class Gatekeeper:
         except (UnauthorizedError, SessionLimitError) as exc:
             raise self._refused("session", exc) from None
 
+    def check_phone(self, headers: Mapping[str, str], urls: tuple[str, ...]) -> None:
+        """The phone socket, before it is accepted: a valid Twilio signature (when an auth token
+        is configured), else a valid credential and Origin as for any session. Takes nothing:
+        the session's lease waits for `admit_phone`, once the socket has sent `start`, so
+        sockets that never finish the handshake hold none of a key's sessions. A signature that
+        is present but wrong is refused, not passed on to the keys."""
+        if self._signed_by_twilio(headers, urls):
+            return
+        self.check_origin(headers, "session")
+        try:
+            self.control.verify(credential_of(headers), self._clock())
+        except UnauthorizedError as exc:
+            raise self._refused("session", exc) from None
+
     def admit_phone(self, headers: Mapping[str, str], urls: tuple[str, ...]) -> SessionLease:
-        """The phone socket: a valid Twilio signature (when an auth token is configured), else as
-        any session. A signature that is present but wrong is refused, not passed on to the keys."""
-        signature = headers.get("x-twilio-signature")
-        if self._twilio_auth_token and signature is not None:
-            if not twilio_protocol.signature_valid(self._twilio_auth_token, signature, urls):
-                raise self._refused("session", UnauthorizedError(
-                    "X-Twilio-Signature does not match; check the auth token and the public URL", reason="signature"))
+        """The phone call's lease, once `start` has come (SessionLimitError past a key's cap)."""
+        if self._signed_by_twilio(headers, urls):
             try:
                 return self.control.limits.acquire(TWILIO_KEY_ID)
             except SessionLimitError as exc:
                 raise self._refused("session", exc) from None
         return self.admit(headers)
+
+    def _signed_by_twilio(self, headers: Mapping[str, str], urls: tuple[str, ...]) -> bool:
+        signature = headers.get("x-twilio-signature")
+        if not self._twilio_auth_token or signature is None:
+            return False
+        if not twilio_protocol.signature_valid(self._twilio_auth_token, signature, urls):
+            raise self._refused("session", UnauthorizedError(
+                "X-Twilio-Signature does not match; check the auth token and the public URL", reason="signature"))
+        return True
 
     def release(self, lease: SessionLease | None) -> None:
         if lease is not None:

@@ -284,6 +284,13 @@ class AccessControl:
         key_id = self.operator_key_id(credential)
         return self.tokens.mint(key_id, self.config.client_token_ttl_s if ttl_s is None else ttl_s, now)
 
+    def verify(self, credential: str | None, now: float) -> str:
+        """The key a session would run under, checked now but taking nothing (no lease, no
+        token used up): for a socket that must finish a handshake before it is a session."""
+        if credential is None or not credential.startswith(CLIENT_TOKEN_PREFIX):
+            return self.operator_key_id(credential)
+        return self.tokens.key_id_of(credential, now)
+
     def admit(self, credential: str | None, now: float) -> SessionLease:
         if credential is None or not credential.startswith(CLIENT_TOKEN_PREFIX):
             return self.limits.acquire(self.operator_key_id(credential))

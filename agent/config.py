@@ -56,6 +56,14 @@ class ServerConfig:
     # STUN/TURN servers handed to WebRTC peers. Empty means host candidates only, so nothing
     # talks to a public STUN server unless an operator asks for it.
     ice_servers: tuple[IceServer, ...] = ()
+    # A connection must have sent its whole request head (the HTTP request line and headers,
+    # or a WebSocket upgrade) this long after it opened or after its last request; one that
+    # trickles or sends nothing is closed. Real clients send theirs in one packet.
+    request_header_timeout_seconds: float = 5.0
+    # On SIGTERM: /readyz turns 503, new calls are refused, and live calls get this long to
+    # finish before they are ended (stored as server_shutdown). Keep it under the pod's
+    # termination grace period (Kubernetes: 30 s by default). A second signal stops at once.
+    shutdown_grace_seconds: float = 25.0
 
 
 @dataclass(frozen=True)
@@ -66,6 +74,9 @@ class CallLimits:
     # Malformed or unknown inbound messages tolerated per call before it is closed (1008).
     max_bad_messages: int = 50
     max_user_turn_seconds: float = 30.0  # Whisper's window; longer turns are cut and transcribed
+    # A phone socket must send Twilio's `start` this long after it connects, or it is closed
+    # (1008). A real provider sends it within a second; the slot waits for no one longer.
+    handshake_timeout_seconds: float = 5.0
 
 
 @dataclass(frozen=True)
@@ -224,6 +235,10 @@ def _validate(config: CadenceConfig) -> None:
         (config.server.max_ws_message_bytes >= 1024, "server.max_ws_message_bytes must be >= 1024"),
         (config.limits.max_call_seconds > 0, "limits.max_call_seconds must be > 0"),
         (0 < config.limits.max_user_turn_seconds <= 30, "limits.max_user_turn_seconds must be in (0, 30]"),
+        (0 < config.limits.handshake_timeout_seconds <= 60, "limits.handshake_timeout_seconds must be in (0, 60]"),
+        (0 < config.server.request_header_timeout_seconds <= 60,
+         "server.request_header_timeout_seconds must be in (0, 60]"),
+        (0 <= config.server.shutdown_grace_seconds <= 3600, "server.shutdown_grace_seconds must be in [0, 3600]"),
         (0.0 < config.vad.confidence < 1.0, "vad.confidence must be in (0, 1)"),
         (0.05 <= config.vad.stop_secs <= 3.0, "vad.stop_secs must be in [0.05, 3]"),
         (config.tts.engine in ("piper", "orpheus"), "tts.engine must be piper or orpheus"),

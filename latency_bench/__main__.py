@@ -12,6 +12,7 @@
         [--agent-file AGENT.yaml --agent NAME]
     python -m latency_bench transports [--url URL] --out DIR [--runs 3] [--turns 5] [--ways twilio,webrtc,...]
         [--set KEY=VALUE ...] [--agent-file AGENT.yaml --agent NAME]
+    python -m latency_bench chaos SCENARIO... --out DIR [--config FILE]
 
 `run` measures N synthetic callers (with --ramp: 1, 2, 4, ... N in turn); `capacity`
 raises the number of callers until TTFS p95 breaks the SLO or replies underrun;
@@ -25,6 +26,8 @@ and ask complete questions in turn (latency_bench/pauses.py): it counts replies 
 came inside the pauses, and the complete questions' TTFS. `transports` measures one agent
 through the phone socket, WebRTC, /v1/realtime and a speech-to-speech relay agent (a cascade
 behind a cascade), one caller at a time, alternating (latency_bench/transports.py).
+`chaos` runs reliability scenarios against servers it starts and prints a pass/fail table
+(latency_bench/chaos.py).
 """
 
 from __future__ import annotations
@@ -171,6 +174,19 @@ def cmd_transports(args) -> dict:
     return results["summary"]
 
 
+def cmd_chaos(args) -> dict:
+    from latency_bench import chaos
+
+    verdicts = chaos.run(args.scenarios, args.out, config=args.config or servers.DEFAULT_CONFIG)
+    results = {"scenarios": [{"scenario": v.scenario, "pass_figure": v.pass_figure, "measured": v.measured,
+                              "passed": v.passed, "figures": v.figures} for v in verdicts]}
+    args.out.mkdir(parents=True, exist_ok=True)
+    (args.out / "chaos.json").write_text(json.dumps(results, indent=2))
+    print(chaos.table(verdicts), file=sys.stderr)
+    return {"passed": sum(v.passed for v in verdicts), "failed": sum(not v.passed for v in verdicts),
+            "results": str(args.out / "chaos.json")}
+
+
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(prog="python -m latency_bench", description=__doc__.split("\n\n")[0])
     sub = parser.add_subparsers(dest="command", required=True)
@@ -232,6 +248,12 @@ def main(argv: list[str] | None = None) -> int:
     ab_p = sub.add_parser("retrieval-ab", help="TTFS with the agent's retrieval on against off, alternating calls")
     common(ab_p, url_required=True)
     ab_p.add_argument("--rounds", type=int, default=3, help="calls to each agent, alternating")
+    ch_p = sub.add_parser("chaos", help="what the server survives: slow clients, admission, drain (a table)")
+    ch_p.add_argument("scenarios", nargs="+", metavar="SCENARIO",
+                      help="slow-clients, handshake, admission, drain (see latency_bench/chaos.py)")
+    ch_p.add_argument("--out", type=Path, required=True, help="folder for chaos.json and the servers' logs")
+    ch_p.add_argument("--config", type=Path, help="config of the servers the bench starts "
+                                                "(default: configs/default.yaml)")
     q_p = sub.add_parser("quality", help="grounded answers, refusals and reply length of a running server")
     q_p.add_argument("--url", required=True, help="server base URL, e.g. http://127.0.0.1:8000")
     q_p.add_argument("--agent", default="default", help="the agent to ask, by its name on the server")
@@ -248,7 +270,7 @@ def main(argv: list[str] | None = None) -> int:
         parser.error("compare runs over the phone transport (the baseline serves /ws/twilio only)")
     command = {"run": cmd_run, "capacity": cmd_capacity, "compare": cmd_compare,
                "retrieval-ab": cmd_retrieval_ab, "quality": cmd_quality, "pauses": cmd_pauses,
-               "transports": cmd_transports}[args.command]
+               "transports": cmd_transports, "chaos": cmd_chaos}[args.command]
     try:
         print(json.dumps(command(args), indent=2, default=str))
     except (TimeoutError, RuntimeError, ConnectionError) as exc:

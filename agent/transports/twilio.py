@@ -20,7 +20,6 @@ from pipecat.serializers.twilio import TwilioFrameSerializer
 from pipecat.transports.websocket.fastapi import FastAPIWebsocketParams, FastAPIWebsocketTransport
 
 from agent.access import Gatekeeper, phone_socket_urls, refusal_reason
-from agent.auth import SessionLease
 from agent.calls import ActiveCall, CallManager
 from agent.config import CadenceConfig
 from agent.errors import (BadInputError, CapacityError, ForbiddenError, NotFoundError, SessionLimitError,
@@ -32,8 +31,6 @@ log = logging.getLogger(__name__)
 
 TRANSPORT = "twilio"
 PHONE_SAMPLE_RATE = 8000
-# A real provider sends `connected` and `start` within a second of connecting.
-HANDSHAKE_TIMEOUT_SECONDS = 10.0
 HANDSHAKE_MAX_MESSAGES = 8
 # The `start` event's customParameters key that names the agent (a <Parameter> in TwiML).
 AGENT_PARAMETER = "agent"
@@ -72,9 +69,10 @@ class GuardedTwilioSerializer(TwilioFrameSerializer):
         return None  # connected / start repeated / mark: nothing for the pipeline
 
 
-async def read_handshake(websocket: WebSocket) -> proto.Start:
-    """Reads messages until `start`; raises BadInputError, TimeoutError or WebSocketDisconnect."""
-    async with asyncio.timeout(HANDSHAKE_TIMEOUT_SECONDS):
+async def read_handshake(websocket: WebSocket, *, timeout_s: float) -> proto.Start:
+    """Reads messages until `start`, for at most `timeout_s` (limits.handshake_timeout_seconds);
+    raises BadInputError, TimeoutError or WebSocketDisconnect."""
+    async with asyncio.timeout(timeout_s):
         for _ in range(HANDSHAKE_MAX_MESSAGES):
             message = await websocket.receive()
             if message["type"] == "websocket.disconnect":
@@ -89,30 +87,24 @@ async def read_handshake(websocket: WebSocket) -> proto.Start:
 
 async def handle_twilio_call(websocket: WebSocket, *, manager: CallManager, config: CadenceConfig,
                              metrics: CadenceMetrics, gate: Gatekeeper) -> None:
+    """Admission counts calls, not sockets: the socket's credentials are checked before it is
+    accepted, but a key's session and a call slot are taken only once `start` has come, and a
+    socket gets limits.handshake_timeout_seconds to send it."""
+    urls = phone_socket_urls(websocket.headers, websocket.url.path, websocket.url.query)
     try:
-        lease = gate.admit_phone(websocket.headers,
-                                 phone_socket_urls(websocket.headers, websocket.url.path, websocket.url.query))
-    except (UnauthorizedError, ForbiddenError, SessionLimitError) as exc:
+        gate.check_phone(websocket.headers, urls)
+    except (UnauthorizedError, ForbiddenError) as exc:
         metrics.calls_refused.labels(TRANSPORT, refusal_reason(exc)).inc()
         # Closed before the handshake is accepted: the client sees HTTP 403.
-        await websocket.close(code=CLOSE_TRY_LATER if isinstance(exc, SessionLimitError) else CLOSE_POLICY,
-                              reason=str(exc)[:120])
+        await websocket.close(code=CLOSE_POLICY, reason=str(exc)[:120])
         return
-    try:
-        await _admit_and_run(websocket, lease, manager=manager, config=config, metrics=metrics)
-    finally:
-        gate.release(lease)  # idempotent: the call gave it back already if it ran
-
-
-async def _admit_and_run(websocket: WebSocket, lease: SessionLease, *, manager: CallManager, config: CadenceConfig,
-                         metrics: CadenceMetrics) -> None:
     await websocket.accept()
     if manager.full:  # told before the handshake; the slot itself is taken once `start` names the agent
         manager.refuse(TRANSPORT)
         await websocket.close(code=CLOSE_TRY_LATER, reason=manager.full_message[:120])
         return
     try:
-        start = await read_handshake(websocket)
+        start = await read_handshake(websocket, timeout_s=config.limits.handshake_timeout_seconds)
     except (BadInputError, TimeoutError, WebSocketDisconnect) as exc:
         kind = "handshake_timeout" if isinstance(exc, TimeoutError) else "handshake"
         metrics.bad_input.labels(TRANSPORT, kind).inc()
@@ -121,15 +113,25 @@ async def _admit_and_run(websocket: WebSocket, lease: SessionLease, *, manager: 
             await _close_quietly(websocket, CLOSE_POLICY, reason)
         return
     try:
-        call = manager.admit(TRANSPORT, start.custom_parameters.get(AGENT_PARAMETER), lease=lease)
-    except CapacityError as exc:
-        await _close_quietly(websocket, CLOSE_TRY_LATER, str(exc))
+        lease = gate.admit_phone(websocket.headers, urls)
+    except (UnauthorizedError, SessionLimitError) as exc:  # a token used meanwhile; a key at its cap
+        metrics.calls_refused.labels(TRANSPORT, refusal_reason(exc)).inc()
+        await _close_quietly(websocket, CLOSE_TRY_LATER if isinstance(exc, SessionLimitError) else CLOSE_POLICY,
+                             str(exc))
         return
-    except NotFoundError as exc:
-        metrics.calls_refused.labels(TRANSPORT, "unknown_agent").inc()
-        await _close_quietly(websocket, CLOSE_POLICY, str(exc))
-        return
-    await _run_call(websocket, call, start, manager=manager, config=config, metrics=metrics)
+    try:
+        try:
+            call = manager.admit(TRANSPORT, start.custom_parameters.get(AGENT_PARAMETER), lease=lease)
+        except CapacityError as exc:
+            await _close_quietly(websocket, CLOSE_TRY_LATER, str(exc))
+            return
+        except NotFoundError as exc:
+            metrics.calls_refused.labels(TRANSPORT, "unknown_agent").inc()
+            await _close_quietly(websocket, CLOSE_POLICY, str(exc))
+            return
+        await _run_call(websocket, call, start, manager=manager, config=config, metrics=metrics)
+    finally:
+        gate.release(lease)  # idempotent: the call gave it back already if it ran
 
 
 async def _run_call(websocket: WebSocket, call: ActiveCall, start: proto.Start, *, manager: CallManager,

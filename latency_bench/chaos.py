@@ -1,0 +1,117 @@
+"""`python -m latency_bench chaos SCENARIO... --out DIR`: what the server survives, in figures.
+
+Each scenario states its pass figure and prints the measured one beside it; DIR/chaos.json
+holds every figure, and the table printed last is the README's. Traffic goes only to servers
+on loopback that the bench starts itself; every scenario is bounded in count and time.
+
+    slow-clients  200 TCP connections that never send a request and 200 that trickle one a
+                  byte at a time: all closed within 10 s, a real request answered meanwhile
+    handshake     200 phone sockets that never send `start`: all closed (1008) at the
+                  handshake timeout, a real caller admitted while they are open
+    admission     the call cap + 50 callers at once: exactly the cap admitted, the rest
+                  refused (1013) within 200 ms
+    drain         SIGTERM with 10 live calls: /readyz 503 within 1 s, new calls refused, live
+                  calls kept until they hang up, exit 0, every call stored as ended
+
+tests/reliability/ runs the short versions of these on every change.
+"""
+
+from __future__ import annotations
+
+import asyncio
+from collections.abc import Callable
+from dataclasses import dataclass
+from pathlib import Path
+
+from latency_bench import chaos_admission, chaos_drain, chaos_slow_clients, servers
+
+SLOW_CLIENTS, SILENT_SOCKETS, BURST_CAP, BURST_EXTRA, DRAIN_CALLS = 200, 200, 4, 50, 10
+HEADER_TIMEOUT_S, HANDSHAKE_TIMEOUT_S, DRAIN_GRACE_S, DRAIN_HOLD_S = 5.0, 5.0, 25.0, 3.0
+
+
+@dataclass(frozen=True)
+class Verdict:
+    scenario: str
+    pass_figure: str
+    measured: str
+    passed: bool
+    figures: dict
+
+
+def judge_slow_clients(f: dict) -> Verdict:
+    closes = [f["idle"]["max_close_s"], f["trickle"]["max_close_s"]]
+    still_open = f["idle"]["still_open"] + f["trickle"]["still_open"]
+    slowest = max((c for c in closes if c is not None), default=None)
+    passed = still_open == 0 and f["failed_to_open"] == 0 and slowest is not None and slowest <= 10 \
+        and f["healthz"]["ok"]
+    return Verdict("slow-clients", "400 slow connections all closed within 10 s; a real request answered",
+                   f"{still_open} left open, slowest closed after {slowest} s; /healthz "
+                   f"{'answered in %.2f s' % f['healthz']['latency_s'] if f['healthz']['ok'] else 'failed'}",
+                   passed, f)
+
+
+def judge_handshake(f: dict) -> Verdict:
+    passed = f["still_open"] == 0 and f["close_codes"] == [1008] and (f["max_close_s"] or 99) <= 10 \
+        and f["real_caller_admitted"] and f["real_caller_kept"]
+    return Verdict("handshake", f"{f['silent_sockets']} start-less sockets closed (1008) within 10 s; "
+                                "a real caller admitted meanwhile",
+                   f"{f['closed']} closed ({f['close_codes']}), slowest {f['max_close_s']} s; real caller "
+                   f"{'admitted' if f['real_caller_admitted'] else 'NOT admitted'}", passed, f)
+
+
+def judge_admission(f: dict) -> Verdict:
+    passed = f["admitted"] == f["cap"] and f["refused"] == f["callers"] - f["cap"] and f["refusal_codes"] == [1013] \
+        and (f["max_refusal_ms"] or 1e9) <= 200
+    return Verdict("admission", f"cap {f['cap']} + {f['callers'] - f['cap']} at once: exactly {f['cap']} admitted, "
+                                "the rest refused (1013) within 200 ms",
+                   f"{f['admitted']} admitted, {f['refused']} refused ({f['refusal_codes']}), slowest refusal "
+                   f"{f['max_refusal_ms']} ms", passed, f)
+
+
+def judge_drain(f: dict) -> Verdict:
+    passed = (f["readyz_503_after_s"] is not None and f["readyz_503_after_s"] <= 1.0
+              and f["new_call_close_code"] == 1013 and f["live_calls_kept_through_hold"]
+              and f["exit_status"] == 0 and f["stored_calls"] == f["calls"] and f["stored_without_end"] == 0)
+    return Verdict("drain", f"SIGTERM, {f['calls']} live calls: /readyz 503 within 1 s, new calls refused, live "
+                            "calls kept, exit 0, every call stored as ended",
+                   f"503 after {f['readyz_503_after_s']} s, new call closed {f['new_call_close_code']}, live calls "
+                   f"{'kept' if f['live_calls_kept_through_hold'] else 'CUT'}, exit {f['exit_status']} after "
+                   f"{f['stopped_after_s']} s, {f['stored_without_end']} of {f['stored_calls']} stored unended "
+                   f"({', '.join(f['end_reasons'])})", passed, f)
+
+
+async def _on_shared_server(base_url: str, name: str) -> Verdict:
+    if name == "slow-clients":
+        return judge_slow_clients(await chaos_slow_clients.run(
+            base_url, idle=SLOW_CLIENTS, trickle=SLOW_CLIENTS, deadline_s=HEADER_TIMEOUT_S))
+    if name == "handshake":
+        return judge_handshake(await chaos_admission.run_handshake(
+            base_url, silent=SILENT_SOCKETS, timeout_s=HANDSHAKE_TIMEOUT_S))
+    return judge_admission(await chaos_admission.run_burst(base_url, cap=BURST_CAP, extra=BURST_EXTRA))
+
+
+SCENARIOS: dict[str, Callable | None] = {"slow-clients": None, "handshake": None, "admission": None, "drain": None}
+
+
+def run(names: list[str], out: Path, *, config: Path = servers.DEFAULT_CONFIG) -> list[Verdict]:
+    unknown = [n for n in names if n not in SCENARIOS]
+    if unknown:
+        raise ValueError(f"unknown chaos scenarios {unknown}; choose from {', '.join(SCENARIOS)}")
+    verdicts: list[Verdict] = []
+    shared = [n for n in names if n != "drain"]
+    if shared:
+        settings = [f"server.request_header_timeout_seconds={HEADER_TIMEOUT_S}",
+                    f"limits.handshake_timeout_seconds={HANDSHAKE_TIMEOUT_S}"]
+        with servers.cadence(out / "server", max_calls=BURST_CAP, config=config, settings=settings) as base_url:
+            for name in shared:
+                verdicts.append(asyncio.run(_on_shared_server(base_url, name)))
+    if "drain" in names:
+        verdicts.append(judge_drain(asyncio.run(chaos_drain.run(
+            out / "drain", calls=DRAIN_CALLS, grace_s=DRAIN_GRACE_S, hold_s=DRAIN_HOLD_S, config=config))))
+    return verdicts
+
+
+def table(verdicts: list[Verdict]) -> str:
+    rows = ["| scenario | pass figure | measured | result |", "|---|---|---|---|"]
+    rows += [f"| {v.scenario} | {v.pass_figure} | {v.measured} | {'pass' if v.passed else 'FAIL'} |" for v in verdicts]
+    return "\n".join(rows)

@@ -9,6 +9,7 @@ from __future__ import annotations
 import asyncio
 import logging
 import os
+import time
 from collections.abc import Mapping
 from contextlib import asynccontextmanager
 from pathlib import Path
@@ -29,7 +30,9 @@ from agent.errors import (BadSignalingError, CadenceError, CapacityError, Forbid
                           UnauthorizedError)
 from agent.http_util import bounded_body, error_for, error_response, parse_json
 from agent.events import TurnEvents
+from agent.health import Readiness, health_router, named_engines
 from agent.knowledge_wiring import Knowledge
+from agent.loop_lag import LoopLagMonitor
 from agent.metrics import CadenceMetrics
 from agent.model_plane import ModelPlane, model_plane_for
 from agent.store import CallStore
@@ -46,12 +49,6 @@ log = logging.getLogger(__name__)
 # A client-secret request carries a lifetime and session settings: a few hundred bytes.
 CLIENT_SECRET_BODY_BYTES = 16_384
 FRONTEND_DIR = Path(__file__).resolve().parent.parent / "frontend"
-
-
-class Readiness:
-    def __init__(self) -> None:
-        self.ready = asyncio.Event()
-        self.error: str | None = None
 
 
 def create_app(config: CadenceConfig, *, engines: Engines | None = None, engines_loaded: bool = False,
@@ -79,17 +76,22 @@ def create_app(config: CadenceConfig, *, engines: Engines | None = None, engines
     transcriptions = TranscriptionJobs(config.transcription.options(), config.transcription.job_limits(),
                                        Path(config.transcription.upload_dir), on_end=metrics.observe_transcription)
     readiness = Readiness()
-    for name, engine in (("asr", engines.asr), ("llm", engines.llm), ("tts", engines.tts),
-                         ("embedder", engines.embedder), ("turn_end", engines.turn_end)):
-        if engine is not None:
-            metrics.track_queue_depth(name, lambda e=engine: e.queue_depth)
+    by_role = named_engines(engines)
+    if engines_loaded:
+        readiness.loaded.update(by_role)
+    for name, engine in by_role.items():
+        metrics.track_queue_depth(name, lambda e=engine: e.queue_depth)
+    loop_lag = LoopLagMonitor(on_sample=metrics.event_loop_lag_probes.observe)
+    metrics.track_event_loop_lag(lambda: loop_lag.latest_s, loop_lag.max_recent_s)
+    started_at = time.monotonic()
 
     async def load_models() -> None:
         try:
             if plane.supervisor is not None:
                 await plane.supervisor.start()  # the workers this server runs, each ready
             if not engines_loaded:
-                await asyncio.to_thread(registry.load_and_warm, engines)
+                await asyncio.to_thread(registry.load_and_warm, engines, lambda engine: readiness.loaded.update(
+                    role for role, each in by_role.items() if each is engine))
             # File agents' documents: ingested once (unchanged files are skipped), before calls.
             await knowledge.sync_file_agents(agent_files)
             readiness.ready.set()
@@ -103,10 +105,12 @@ def create_app(config: CadenceConfig, *, engines: Engines | None = None, engines
         await store.open()
         await agents.open()
         await knowledge.open()
+        loop_lag.start()  # stopped below, however the server ends
         loader = asyncio.create_task(load_models(), name="load-models")
         try:
             yield
         finally:
+            await loop_lag.stop()
             events.close()
             loader.cancel()
             await asyncio.gather(loader, return_exceptions=True)
@@ -125,6 +129,7 @@ def create_app(config: CadenceConfig, *, engines: Engines | None = None, engines
     app.state.model_plane, app.state.engines = plane, engines
     app.state.transcriptions = transcriptions
     app.state.gate = gate
+    app.state.loop_lag = loop_lag
 
     @app.exception_handler(UnauthorizedError)
     @app.exception_handler(ForbiddenError)
@@ -257,6 +262,10 @@ def create_app(config: CadenceConfig, *, engines: Engines | None = None, engines
                                      forget_knowledge=knowledge.forget_agent), dependencies=changes_need_a_key)
     app.include_router(knowledge.router(agent_exists=agents.exists), dependencies=changes_need_a_key)
     app.include_router(transcription_router(transcriptions), dependencies=changes_need_a_key)
+    # Reads, open as /api/calls and the dashboard are: an operator in an incident needs them at once.
+    app.include_router(health_router(readiness=readiness, manager=manager, engines=engines, loop_lag=loop_lag,
+                                     store=store, capacity=config.server.max_concurrent_calls,
+                                     started_at=started_at))
     app.include_router(dashboard_router(store=store, manager=manager, events=events, engines=engines,
                                         page=FRONTEND_DIR / "dashboard.html"))
     app.mount("/static", StaticFiles(directory=FRONTEND_DIR), name="static")

@@ -7,13 +7,13 @@ from __future__ import annotations
 
 import asyncio
 import logging
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
 from dataclasses import replace
 
 from agent.config import CadenceConfig
 from agent.errors import ConfigError
 from agent.model_plane import Endpoint
-from models.base import ASREngine, EmbeddingEngine, LLMEngine, TTSEngine, TurnEndEngine
+from models.base import ASREngine, EmbeddingEngine, Engine, LLMEngine, TTSEngine, TurnEndEngine
 from pipelines.voice import Engines
 
 log = logging.getLogger(__name__)
@@ -125,8 +125,10 @@ async def close_engines(engines: Engines, *, timeout_s: float = 10.0) -> None:
             log.exception("closing %s failed", type(engine).__name__)
 
 
-def load_and_warm(engines: Engines) -> None:
-    """Blocking: loads every engine and runs one tiny inference on each."""
+def load_and_warm(engines: Engines, on_loaded: Callable[[Engine], None] = lambda engine: None) -> None:
+    """Blocking: loads every engine and runs one tiny inference on each. `on_loaded` hears of
+    each engine as it is ready (on this thread), so a health page can say which one is slow."""
     for engine in engines.all():
         engine.load()
         engine.warm_up()
+        on_loaded(engine)

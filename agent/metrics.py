@@ -10,6 +10,8 @@ from pipelines.turn_timeline import STAGES, Turn
 
 # Seconds from the caller's end of speech; dense below 1.5 s where voice agents live.
 _LATENCY_BUCKETS = (0.1, 0.2, 0.3, 0.4, 0.5, 0.6, 0.7, 0.8, 0.9, 1.0, 1.25, 1.5, 2.0, 2.5, 3.0, 4.0, 6.0, 10.0)
+# Event-loop lag: a healthy loop stays under 10 ms; from 100 ms callers hear gaps.
+_LOOP_LAG_BUCKETS = (0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0)
 
 
 class CadenceMetrics:
@@ -39,6 +41,10 @@ class CadenceMetrics:
             ["action", "reason"], registry=self.registry)
         self.bad_input = Counter("cadence_bad_input_total", "Rejected caller input", ["transport", "kind"],
                                  registry=self.registry)
+        self.request_head_timeouts = Counter(
+            "cadence_request_head_timeouts_total",
+            "Connections closed because their request head was not complete within "
+            "server.request_header_timeout_seconds (silent or trickling clients)", registry=self.registry)
         self.turns_total = Counter("cadence_turns_total", "Completed turns", ["transport", "interrupted"],
                                    registry=self.registry)
         self.engine_queue_depth = Gauge("cadence_engine_queue_depth", "Requests queued or running per engine",
@@ -78,6 +84,14 @@ class CadenceMetrics:
         self.dashboard_dropped = Counter("cadence_dashboard_events_dropped_total",
                                          "Turn events a slow dashboard stream lost (oldest first)",
                                          registry=self.registry)
+        self.event_loop_lag = Gauge("cadence_event_loop_lag_seconds",
+                                    "How late the event loop ran a timer at its latest probe", registry=self.registry)
+        self.event_loop_lag_max = Gauge("cadence_event_loop_lag_max_seconds",
+                                        "Largest event-loop lag over the monitor's recent window (60 s by default)",
+                                        registry=self.registry)
+        self.event_loop_lag_probes = Histogram(
+            "cadence_event_loop_lag_probe_seconds", "Every event-loop lag probe: how late its timer fired",
+            buckets=_LOOP_LAG_BUCKETS, registry=self.registry)
 
     def observe_transcription(self, status: str, result: dict | None) -> None:
         self.transcriptions.labels(status).inc()
@@ -103,6 +117,11 @@ class CadenceMetrics:
     def track_dashboard_streams(self, streams: Callable[[], int], backlog: Callable[[], int]) -> None:
         self.dashboard_streams.set_function(streams)
         self.dashboard_backlog.set_function(backlog)
+
+    def track_event_loop_lag(self, latest: Callable[[], float | None], max_recent: Callable[[], float | None]) -> None:
+        """Both read at scrape time; 0 before the first probe (a gauge cannot say "unknown")."""
+        self.event_loop_lag.set_function(lambda: latest() or 0.0)
+        self.event_loop_lag_max.set_function(lambda: max_recent() or 0.0)
 
     def render(self) -> bytes:
         return generate_latest(self.registry)

@@ -110,6 +110,16 @@ class CallStore:
             self._db = None
         self._executor.shutdown(wait=True)
 
+    async def ping(self) -> None:
+        """One trivial statement on the store's thread; raises if the database is closed or
+        broken. It waits behind whatever that thread is doing: a busy store shows as slow."""
+        await self._run(self._ping)
+
+    def _ping(self) -> None:
+        if self._db is None:
+            raise sqlite3.ProgrammingError("the call store is not open")
+        self._db.execute("SELECT 1").fetchone()
+
     async def _run(self, fn, *args) -> Any:
         return await asyncio.get_running_loop().run_in_executor(self._executor, fn, *args)
 

@@ -45,6 +45,11 @@ class Engine(ABC):
         """Requests in the batch that ran last; None until one has run, or when unknown."""
         return None
 
+    def health(self) -> dict[str, Any]:
+        """What an operator's health page shows of this engine. Read on the event loop, so it
+        must be cheap and never block; a client of workers adds its replicas' states."""
+        return {"queue_depth": self.queue_depth, "batch_size": self.batch_size}
+
     @abstractmethod
     def load(self) -> None:
         """Loads weights. Blocking; call from a thread or at startup before serving."""

@@ -101,6 +101,9 @@ class OpenAIChatLLMEngine(LLMEngine):
         """How many of this server's replies were generating side by side when the last began."""
         return self._last_batch
 
+    def health(self) -> dict[str, Any]:
+        return {**super().health(), "replicas": self._replicas.states()}
+
     def load(self) -> None:
         """Checks every server answers (blocking; they are started and awaited before this)."""
         for url in self._replicas.urls:

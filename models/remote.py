@@ -277,13 +277,24 @@ def _json_or_empty(answer: httpx.Response) -> dict[str, Any]:
     return body if isinstance(body, dict) else {}
 
 
-class RemoteASREngine(ASREngine):
-    def __init__(self, base_urls: str | Sequence[str], *, options: RemoteOptions = RemoteOptions()) -> None:
-        self._client = WorkerClient(base_urls, "asr", options)  # one worker, or each of its replicas
+class WorkerLoad:
+    """For an engine that is a `WorkerClient` (`self._client`): its queue depth is what it has in
+    flight at the workers, and its health names each replica. Listed before the engine's
+    contract class, whose defaults it replaces."""
+
+    _client: WorkerClient
 
     @property
     def queue_depth(self) -> int:
         return self._client.in_flight
+
+    def health(self) -> dict[str, Any]:
+        return {**super().health(), "replicas": self._client.replicas.states()}  # type: ignore[misc]
+
+
+class RemoteASREngine(WorkerLoad, ASREngine):
+    def __init__(self, base_urls: str | Sequence[str], *, options: RemoteOptions = RemoteOptions()) -> None:
+        self._client = WorkerClient(base_urls, "asr", options)  # one worker, or each of its replicas
 
     def load(self) -> None:
         self._client.check_ready()
@@ -300,15 +311,11 @@ class RemoteASREngine(ASREngine):
         await self._client.aclose()
 
 
-class RemoteEmbeddingEngine(EmbeddingEngine):
+class RemoteEmbeddingEngine(WorkerLoad, EmbeddingEngine):
     def __init__(self, base_urls: str | Sequence[str], dimensions: int, *,
                  options: RemoteOptions = RemoteOptions()) -> None:
         self.dimensions = dimensions  # checked against each replica's in load() and in every answer
         self._client = WorkerClient(base_urls, "embedder", options)
-
-    @property
-    def queue_depth(self) -> int:
-        return self._client.in_flight
 
     def load(self) -> None:
         for url, body in self._client.check_ready().items():
@@ -340,7 +347,7 @@ class RemoteEmbeddingEngine(EmbeddingEngine):
         await self._client.aclose()
 
 
-class RemoteTTSEngine(TTSEngine):
+class RemoteTTSEngine(WorkerLoad, TTSEngine):
     def __init__(self, base_urls: str | Sequence[str], sample_rate: int | None = None, *,
                  options: RemoteOptions = RemoteOptions()) -> None:
         # Checked against the worker's in load(); None: whatever the worker's voice speaks at
@@ -348,10 +355,6 @@ class RemoteTTSEngine(TTSEngine):
         self.sample_rate = sample_rate or 0
         self._expected_rate = sample_rate
         self._client = WorkerClient(base_urls, "tts", options)  # one worker, or each of its replicas
-
-    @property
-    def queue_depth(self) -> int:
-        return self._client.in_flight
 
     def load(self) -> None:
         ready = self._client.check_ready()

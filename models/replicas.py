@@ -60,6 +60,12 @@ class ReplicaSet:
     def is_down(self, url: str) -> bool:
         return self._clock() < self._down_until[url]
 
+    def states(self) -> list[dict[str, object]]:
+        """Each replica as an operator sees it: its load from this client, and whether it is
+        being passed over after refusing a connection."""
+        return [{"url": url, "in_flight": self._in_flight[url], "cooling_off": self.is_down(url)}
+                for url in self.urls]
+
     def started(self, url: str) -> None:
         self._in_flight[url] += 1
 

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import logging
 from collections.abc import AsyncIterator, Callable, Sequence
+from typing import Any
 
 import numpy as np
 import soxr
@@ -107,6 +108,10 @@ class FallbackTTSEngine(TTSEngine):
     @property
     def queue_depth(self) -> int:
         return getattr(self._primary, "queue_depth", 0)
+
+    def health(self) -> dict[str, Any]:
+        """The primary voice's, and how many sentences the fallback voice has had to say."""
+        return {**self._primary.health(), "fallbacks": self.fallbacks}
 
     async def synthesize(self, text: str) -> AsyncIterator[bytes]:
         started = False

@@ -85,6 +85,8 @@ class CallManager:
         self._active: dict[str, ActiveCall] = {}
         self._tasks: set[asyncio.Task] = set()
         self.draining = False  # set by drain(): refuse new calls, let the live ones finish
+        self._none_active = asyncio.Event()  # set while no call holds a slot
+        self._none_active.set()
 
     @property
     def active_count(self) -> int:
@@ -131,6 +133,7 @@ class CallManager:
         call = ActiveCall(id=uuid.uuid4().hex, transport=transport, started_at=self._clock(), agent=agent,
                           lease=lease)
         self._active[call.id] = call
+        self._none_active.clear()
         self._metrics.calls_active.labels(transport).inc()
         return call
 
@@ -142,6 +145,8 @@ class CallManager:
         """Frees a slot that was admitted but never ran (e.g. the offer was malformed)."""
         if self._active.pop(call.id, None) is not None:
             self._metrics.calls_active.labels(call.transport).dec()
+        if not self._active:
+            self._none_active.set()
         if call.lease is not None:
             self._release_lease(call.lease)
             call.lease = None
@@ -258,6 +263,18 @@ class CallManager:
             self._metrics.calls_total.labels(call.transport, call.end_reason).inc()
             self.release(call)
             log.info("call %s ended (%s)", call.id, call.end_reason)
+
+    async def end_all(self, reason: str) -> None:
+        """Ends every live call as `reason` and waits (a bounded time) until each is stored."""
+        live = list(self._active.values())
+        if not live:
+            return
+        log.info("ending %d live calls (%s)", len(live), reason)
+        await asyncio.gather(*(self.hang_up(call, reason) for call in live), return_exceptions=True)
+        try:
+            await asyncio.wait_for(self._none_active.wait(), CANCEL_GRACE_SECONDS)
+        except asyncio.TimeoutError:
+            log.warning("%d calls still live %.0f s after being ended", len(self._active), CANCEL_GRACE_SECONDS)
 
     async def shutdown(self) -> None:
         for task in list(self._tasks):

@@ -41,7 +41,7 @@ class Verdict:
 def judge_slow_clients(f: dict) -> Verdict:
     closes = [f["idle"]["max_close_s"], f["trickle"]["max_close_s"]]
     still_open = f["idle"]["still_open"] + f["trickle"]["still_open"]
-    slowest = max((c for c in closes if c is not None), default=None)
+    slowest = max((round(c, 2) for c in closes if c is not None), default=None)
     passed = still_open == 0 and f["failed_to_open"] == 0 and slowest is not None and slowest <= 10 \
         and f["healthz"]["ok"]
     return Verdict("slow-clients", "400 slow connections all closed within 10 s; a real request answered",

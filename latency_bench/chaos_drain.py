@@ -64,9 +64,7 @@ async def run(out: Path, *, calls: int, grace_s: float, hold_s: float, config: P
         exit_status = await _exit_status(process, timeout_s=grace_s + 30)
         stopped_s = time.monotonic() - signalled
     finally:
-        if process.poll() is None:
-            os.killpg(process.pid, signal.SIGKILL)
-            process.wait()
+        servers.stop(process)  # SIGTERM first: a SIGKILLed server cannot stop its model workers
     with sqlite3.connect(store) as db:
         rows = db.execute("SELECT ended_at, end_reason FROM calls").fetchall()
     return {"calls": calls, "grace_s": grace_s, "hold_s": hold_s, "readyz_503_after_s": readyz_503_s,

@@ -55,10 +55,11 @@ def child(argv: list[str], log_path: Path, ready_url: str, *, timeout_s: float =
             time.sleep(0.5)
         yield ready_url
     finally:
-        _stop(process)
+        stop(process)
 
 
-def _stop(process: subprocess.Popen) -> None:
+def stop(process: subprocess.Popen) -> None:
+    """SIGTERM to the process group, SIGKILL if it is still there STOP_GRACE_S later."""
     if process.poll() is not None:
         return
     os.killpg(process.pid, signal.SIGTERM)

@@ -10,6 +10,7 @@ would fill and stall it). Stopping sends SIGTERM to all, waits a grace period, t
 from __future__ import annotations
 
 import asyncio
+import ctypes
 import logging
 import os
 import signal
@@ -61,6 +62,26 @@ class WorkerState:
     ready: bool = False
 
 
+def _load_prctl():
+    try:
+        return ctypes.CDLL(None, use_errno=True).prctl  # loaded here: nothing is loaded after fork
+    except (OSError, AttributeError):  # not Linux
+        return None
+
+
+_PRCTL = _load_prctl()
+_PR_SET_PDEATHSIG = 1
+
+
+def _die_with_parent() -> None:
+    """Runs in the child between fork and exec: the kernel sends it SIGTERM when the server
+    dies, however it dies. A server killed with SIGKILL (an OOM kill, a stop's last resort)
+    cannot stop its workers itself, and its own session keeps them from its process group;
+    without this they would hold their GPU slices and ports as orphans."""
+    if _PRCTL is not None:
+        _PRCTL(_PR_SET_PDEATHSIG, signal.SIGTERM)
+
+
 class WorkerSupervisor:
     def __init__(self, launches: Sequence[WorkerLaunch], *, log_dir: str | Path,
                  options: SupervisorOptions = SupervisorOptions(),
@@ -95,7 +116,8 @@ class WorkerSupervisor:
         with open(self._log_dir / f"{launch.name}.log", "ab") as output:
             worker.process = await asyncio.create_subprocess_exec(
                 *launch.argv, env=env, stdin=asyncio.subprocess.DEVNULL, stdout=output, stderr=output,
-                start_new_session=True)  # its own process group: a Ctrl-C on serve reaches it once, from us
+                start_new_session=True,  # its own process group: a Ctrl-C on serve reaches it once, from us
+                preexec_fn=_die_with_parent)
         worker.started_at = self._clock()
         worker.ready = False
         log.info("worker %s started (pid %d) on %s at %s", launch.name, worker.process.pid, launch.device,

@@ -23,6 +23,7 @@ from agent.auth import SessionLease
 from agent.config import CadenceConfig
 from agent.errors import CapacityError
 from agent.events import TurnEvents
+from agent.memory import IdleHousekeeping
 from agent.metrics import CadenceMetrics
 from agent.store import CallStore, turn_summary, turn_to_dict
 from pipelines.call_agent import CallAgent
@@ -87,6 +88,7 @@ class CallManager:
         self.draining = False  # set by drain(): refuse new calls, let the live ones finish
         self._none_active = asyncio.Event()  # set while no call holds a slot
         self._none_active.set()
+        self._housekeeping = IdleHousekeeping(lambda: not self._active)  # memory back to the OS when idle
 
     @property
     def active_count(self) -> int:
@@ -147,6 +149,7 @@ class CallManager:
             self._metrics.calls_active.labels(call.transport).dec()
         if not self._active:
             self._none_active.set()
+            self._housekeeping.when_idle()
         if call.lease is not None:
             self._release_lease(call.lease)
             call.lease = None

@@ -2,9 +2,11 @@
 
 from __future__ import annotations
 
+import os
+import threading
 from collections.abc import Callable
 
-from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram, generate_latest
+from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram, ProcessCollector, generate_latest
 
 from pipelines.turn_timeline import STAGES, Turn
 
@@ -14,9 +16,21 @@ _LATENCY_BUCKETS = (0.1, 0.2, 0.3, 0.4, 0.5, 0.6, 0.7, 0.8, 0.9, 1.0, 1.25, 1.5,
 _LOOP_LAG_BUCKETS = (0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0)
 
 
+def _os_threads() -> float:
+    try:
+        return float(len(os.listdir("/proc/self/task")))
+    except OSError:  # not Linux: Python's own threads only
+        return float(threading.active_count())
+
+
 class CadenceMetrics:
     def __init__(self) -> None:
         self.registry = CollectorRegistry()
+        # The process's own figures (process_resident_memory_bytes, process_open_fds, CPU
+        # seconds) and its OS threads: what a leak shows in first.
+        ProcessCollector(registry=self.registry)
+        Gauge("cadence_process_threads", "OS threads of the server process (native ones included)",
+              registry=self.registry).set_function(_os_threads)
         self.stage_seconds = Histogram(
             "cadence_stage_seconds", "Time from the caller's end of speech to each pipeline stage",
             ["stage", "transport"], buckets=_LATENCY_BUCKETS, registry=self.registry,

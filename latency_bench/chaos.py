@@ -10,6 +10,9 @@ on loopback that the bench starts itself; every scenario is bounded in count and
                   handshake timeout, a real caller admitted while they are open
     admission     the call cap + 50 callers at once: exactly the cap admitted, the rest
                   refused (1013) within 200 ms
+    vanishing     1,000 callers who connect, start and vanish (half mid-reply, half dropping
+                  TCP): memory +20 MB at most, open files and threads back to baseline,
+                  every call stored as ended
     drain         SIGTERM with 10 live calls: /readyz 503 within 1 s, new calls refused, live
                   calls kept until they hang up, exit 0, every call stored as ended
 
@@ -19,14 +22,14 @@ tests/reliability/ runs the short versions of these on every change.
 from __future__ import annotations
 
 import asyncio
-from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
 
-from latency_bench import chaos_admission, chaos_drain, chaos_slow_clients, servers
+from latency_bench import chaos_admission, chaos_drain, chaos_slow_clients, chaos_vanishing, servers
 
 SLOW_CLIENTS, SILENT_SOCKETS, BURST_CAP, BURST_EXTRA, DRAIN_CALLS = 200, 200, 4, 50, 10
 HEADER_TIMEOUT_S, HANDSHAKE_TIMEOUT_S, DRAIN_GRACE_S, DRAIN_HOLD_S = 5.0, 5.0, 25.0, 3.0
+VANISHING_CYCLES = 1000
 
 
 @dataclass(frozen=True)
@@ -68,6 +71,20 @@ def judge_admission(f: dict) -> Verdict:
                    f"{f['max_refusal_ms']} ms", passed, f)
 
 
+def judge_vanishing(f: dict) -> Verdict:
+    passed = (f["rss_growth_mb"] <= 20 and f["open_fds_delta"] <= 0 and f["threads_delta"] <= 0
+              and f["stored_live_or_unended"] == 0 and f["stored_calls"] >= f["warmup"] + f["cycles"]
+              and f["call_ended_after_vanishing_ms"]["max"] <= 5000)
+    return Verdict("vanishing", f"{f['cycles']} connect/start/vanish cycles (half mid-reply, half dropping TCP): "
+                                "memory +20 MB at most, open files and threads back to baseline, each call "
+                                "ended within 5 s and stored as ended",
+                   f"memory {f['rss_growth_mb']:+.1f} MB, open files {f['open_fds_delta']:+.0f}, threads "
+                   f"{f['threads_delta']:+.0f}, calls ended {f['call_ended_after_vanishing_ms']['p50']} ms after "
+                   f"(max {f['call_ended_after_vanishing_ms']['max']}), "
+                   f"{f['stored_live_or_unended']} of {f['stored_calls']} unended; "
+                   f"{f['mid_reply_cycles_that_heard_audio']} left mid-reply", passed, f)
+
+
 def judge_drain(f: dict) -> Verdict:
     passed = (f["readyz_503_after_s"] is not None and f["readyz_503_after_s"] <= 1.0
               and f["new_call_close_code"] == 1013 and f["live_calls_kept_through_hold"]
@@ -87,10 +104,12 @@ async def _on_shared_server(base_url: str, name: str) -> Verdict:
     if name == "handshake":
         return judge_handshake(await chaos_admission.run_handshake(
             base_url, silent=SILENT_SOCKETS, timeout_s=HANDSHAKE_TIMEOUT_S))
+    if name == "vanishing":
+        return judge_vanishing(await chaos_vanishing.run(base_url, cycles=VANISHING_CYCLES))
     return judge_admission(await chaos_admission.run_burst(base_url, cap=BURST_CAP, extra=BURST_EXTRA))
 
 
-SCENARIOS: dict[str, Callable | None] = {"slow-clients": None, "handshake": None, "admission": None, "drain": None}
+SCENARIOS = ("slow-clients", "handshake", "admission", "vanishing", "drain")
 
 
 def run(names: list[str], out: Path, *, config: Path = servers.DEFAULT_CONFIG) -> list[Verdict]:

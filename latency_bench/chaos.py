@@ -10,6 +10,8 @@ on loopback that the bench starts itself; every scenario is bounded in count and
                   handshake timeout, a real caller admitted while they are open
     admission     the call cap + 50 callers at once: exactly the cap admitted, the rest
                   refused (1013) within 200 ms
+    oversize      200 messages over the WebSocket size limit, half of them 64 MB deflate
+                  bombs: all closed 1009 within 100 ms, memory +20 MB at most
     vanishing     1,000 callers who connect, start and vanish (half mid-reply, half dropping
                   TCP): memory +20 MB at most, open files and threads back to baseline,
                   every call stored as ended
@@ -25,11 +27,14 @@ import asyncio
 from dataclasses import dataclass
 from pathlib import Path
 
-from latency_bench import chaos_admission, chaos_drain, chaos_slow_clients, chaos_vanishing, servers
+from latency_bench import (chaos_admission, chaos_drain, chaos_oversize, chaos_slow_clients, chaos_vanishing,
+                           servers)
 
 SLOW_CLIENTS, SILENT_SOCKETS, BURST_CAP, BURST_EXTRA, DRAIN_CALLS = 200, 200, 4, 50, 10
 HEADER_TIMEOUT_S, HANDSHAKE_TIMEOUT_S, DRAIN_GRACE_S, DRAIN_HOLD_S = 5.0, 5.0, 25.0, 3.0
 VANISHING_CYCLES = 1000
+OVERSIZE_ATTEMPTS, BOMB_BYTES = 200, 64 * 2**20
+WS_LIMIT_BYTES = 16_384  # server.max_ws_message_bytes of configs/default.yaml
 
 
 @dataclass(frozen=True)
@@ -85,6 +90,16 @@ def judge_vanishing(f: dict) -> Verdict:
                    f"{f['mid_reply_cycles_that_heard_audio']} left mid-reply", passed, f)
 
 
+def judge_oversize(f: dict) -> Verdict:
+    # Memory: a bomb is inflated up to the limit at most, so the process holds a few limits.
+    passed = f["closed_1009"] == f["attempts"] and f["close_ms"]["max"] <= 100 and f["rss_growth_mb"] <= 20
+    return Verdict("oversize", f"{f['attempts']} messages over the {f['limit_bytes']} B limit, half of them "
+                               f"{f['bomb_bytes'] // 2**20} MB deflate bombs: all closed 1009 within 100 ms, "
+                               "memory +20 MB at most",
+                   f"{f['closed_1009']} closed 1009 ({f['close_codes']}), p50 {f['close_ms']['p50']} ms, max "
+                   f"{f['close_ms']['max']} ms; memory {f['rss_growth_mb']:+.1f} MB", passed, f)
+
+
 def judge_drain(f: dict) -> Verdict:
     passed = (f["readyz_503_after_s"] is not None and f["readyz_503_after_s"] <= 1.0
               and f["new_call_close_code"] == 1013 and f["live_calls_kept_through_hold"]
@@ -104,12 +119,15 @@ async def _on_shared_server(base_url: str, name: str) -> Verdict:
     if name == "handshake":
         return judge_handshake(await chaos_admission.run_handshake(
             base_url, silent=SILENT_SOCKETS, timeout_s=HANDSHAKE_TIMEOUT_S))
+    if name == "oversize":
+        return judge_oversize(await chaos_oversize.run(base_url, limit_bytes=WS_LIMIT_BYTES, attempts=OVERSIZE_ATTEMPTS,
+                                                       bomb_bytes=BOMB_BYTES))
     if name == "vanishing":
         return judge_vanishing(await chaos_vanishing.run(base_url, cycles=VANISHING_CYCLES))
     return judge_admission(await chaos_admission.run_burst(base_url, cap=BURST_CAP, extra=BURST_EXTRA))
 
 
-SCENARIOS = ("slow-clients", "handshake", "admission", "vanishing", "drain")
+SCENARIOS = ("slow-clients", "handshake", "admission", "oversize", "vanishing", "drain")
 
 
 def run(names: list[str], out: Path, *, config: Path = servers.DEFAULT_CONFIG) -> list[Verdict]:

@@ -292,10 +292,9 @@ class AccessControl:
         return self.tokens.key_id_of(credential, now)
 
     def admit(self, credential: str | None, now: float) -> SessionLease:
-        if credential is None or not credential.startswith(CLIENT_TOKEN_PREFIX):
-            return self.limits.acquire(self.operator_key_id(credential))
-        lease = self.limits.acquire(self.tokens.key_id_of(credential, now))
-        self.tokens.redeem(credential, now)
+        lease = self.limits.acquire(self.verify(credential, now))
+        if credential is not None and credential.startswith(CLIENT_TOKEN_PREFIX):
+            self.tokens.redeem(credential, now)  # only once the lease is taken: a refusal burns no token
         return lease
 
     def release(self, lease: SessionLease) -> None:

@@ -69,13 +69,18 @@ async def _until_closed(reader: asyncio.StreamReader, writer: asyncio.StreamWrit
     except TimeoutError:
         return None
     finally:
-        if trickler is not None:
-            trickler.cancel()
-            with contextlib.suppress(asyncio.CancelledError, ConnectionError):
-                await trickler
+        await stop_trickling(trickler)
         writer.close()
         with contextlib.suppress(ConnectionError):
             await writer.wait_closed()
+
+
+async def stop_trickling(trickler: asyncio.Task | None) -> None:
+    """Cancels a `trickle_head` task (None: nothing to stop) and waits for it to end."""
+    if trickler is not None:
+        trickler.cancel()
+        with contextlib.suppress(asyncio.CancelledError, ConnectionError):
+            await trickler
 
 
 async def trickle_head(writer: asyncio.StreamWriter, interval_s: float) -> None:

@@ -19,28 +19,25 @@ from pathlib import Path
 import httpx
 import websockets
 
+from latency_bench.chaos_admission import calls_active, phone_caller
 from tests.test_bad_input import closed_with
 
 REPO_ROOT = Path(__file__).resolve().parents[2]
 START_TIMEOUT_S = 60
 
 
-def start_message(n: int) -> str:
-    return json.dumps({"event": "start", "start": {"streamSid": f"MZdrain{n}", "callSid": f"CAdrain{n}",
-                                                   "customParameters": {}}})
-
-
 @asynccontextmanager
 async def server_process(tmp_path: Path, *, grace_s: float):
-    port_file, db = tmp_path / "port", tmp_path / "calls.sqlite3"
-    process = subprocess.Popen(
-        [sys.executable, "-m", "tests.reliability.fake_server", "--db", str(db), "--port-file", str(port_file),
-         "--grace", str(grace_s)],
-        cwd=REPO_ROOT, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
+    port_file, db, log = tmp_path / "port", tmp_path / "calls.sqlite3", tmp_path / "server.log"
+    with open(log, "wb") as output:  # a file, not a pipe nobody reads: pipecat logs every frame hop
+        process = subprocess.Popen(
+            [sys.executable, "-m", "tests.reliability.fake_server", "--db", str(db), "--port-file", str(port_file),
+             "--grace", str(grace_s)],
+            cwd=REPO_ROOT, stdout=output, stderr=subprocess.STDOUT)
     try:
         deadline = time.monotonic() + START_TIMEOUT_S
         while not port_file.exists() or not port_file.read_text():
-            assert process.poll() is None, f"server exited early:\n{process.stdout.read()}"
+            assert process.poll() is None, f"server exited early:\n{log.read_text()[-4000:]}"
             assert time.monotonic() < deadline, "server did not become ready"
             await asyncio.sleep(0.05)
         yield process, int(port_file.read_text()), db
@@ -50,19 +47,13 @@ async def server_process(tmp_path: Path, *, grace_s: float):
         process.wait(timeout=10)
 
 
-async def open_calls(ws_url: str, count: int) -> list:
-    calls = []
-    for n in range(count):
-        ws = await websockets.connect(f"{ws_url}/ws/twilio", open_timeout=5)
-        await ws.send(json.dumps({"event": "connected"}))
-        await ws.send(start_message(n))
-        calls.append(ws)
-    return calls
+async def open_calls(base_url: str, count: int) -> list:
+    return [await phone_caller(base_url, n) for n in range(count)]
 
 
-async def wait_for_active(http: httpx.AsyncClient, count: int) -> None:
+async def wait_for_active(base_url: str, count: int) -> None:
     async with asyncio.timeout(10):
-        while (await http.get("/api/drain")).json()["calls_active"] != count:
+        while await calls_active(base_url) != count:
             await asyncio.sleep(0.02)
 
 
@@ -81,9 +72,9 @@ def stored_calls(db: Path) -> list[tuple[str, float | None, str | None]]:
 async def test_sigterm_drains_live_calls_then_exits_zero(tmp_path):
     async with server_process(tmp_path, grace_s=30) as (process, port, db):
         base, ws_url = f"http://127.0.0.1:{port}", f"ws://127.0.0.1:{port}"
-        live = await open_calls(ws_url, 3)
+        live = await open_calls(base, 3)
+        await wait_for_active(base, 3)
         async with httpx.AsyncClient(base_url=base) as http:
-            await wait_for_active(http, 3)
             os.kill(process.pid, signal.SIGTERM)
             signalled = time.monotonic()
             async with asyncio.timeout(1.0):  # the load balancer is told within a second
@@ -104,15 +95,14 @@ async def test_sigterm_drains_live_calls_then_exits_zero(tmp_path):
             await closed_with(ws)
         assert await exit_status(process, timeout_s=10) == 0
     calls = stored_calls(db)
-    assert [(sid, reason) for sid, _, reason in calls] == [(f"CAdrain{n}", "caller_hung_up") for n in range(3)]
+    assert [(sid, reason) for sid, _, reason in calls] == [(f"CAchaos{n}", "caller_hung_up") for n in range(3)]
     assert all(ended is not None for _, ended, _ in calls)
 
 
 async def test_calls_still_live_when_the_grace_runs_out_are_ended_as_server_shutdown(tmp_path):
     async with server_process(tmp_path, grace_s=1.0) as (process, port, db):
-        live = await open_calls(f"ws://127.0.0.1:{port}", 2)
-        async with httpx.AsyncClient(base_url=f"http://127.0.0.1:{port}") as http:
-            await wait_for_active(http, 2)
+        live = await open_calls(f"http://127.0.0.1:{port}", 2)
+        await wait_for_active(f"http://127.0.0.1:{port}", 2)
         os.kill(process.pid, signal.SIGTERM)
         signalled = time.monotonic()
         assert await exit_status(process, timeout_s=15) == 0
@@ -127,9 +117,8 @@ async def test_calls_still_live_when_the_grace_runs_out_are_ended_as_server_shut
 
 async def test_a_second_signal_stops_at_once(tmp_path):
     async with server_process(tmp_path, grace_s=60) as (process, port, db):
-        live = await open_calls(f"ws://127.0.0.1:{port}", 1)
-        async with httpx.AsyncClient(base_url=f"http://127.0.0.1:{port}") as http:
-            await wait_for_active(http, 1)
+        live = await open_calls(f"http://127.0.0.1:{port}", 1)
+        await wait_for_active(f"http://127.0.0.1:{port}", 1)
         os.kill(process.pid, signal.SIGTERM)
         await asyncio.sleep(0.3)
         assert process.poll() is None  # draining, the call still live

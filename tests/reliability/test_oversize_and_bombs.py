@@ -14,6 +14,7 @@ from dataclasses import replace
 import pytest
 import websockets
 
+from latency_bench.chaos_oversize import inflating_media_event
 from pipelines.voice import Engines
 from tests.conftest import running_server
 from tests.fakes import HashingEmbedder, ScriptedASR, ScriptedLLM, ToneTTS
@@ -32,17 +33,11 @@ def server(server_config):
         yield running
 
 
-def bomb(size: int) -> str:
-    """A Twilio media event of `size` bytes that deflates to almost nothing."""
-    event = json.dumps({"event": "media", "media": {"payload": ""}})
-    return event[:-3] + "A" * (size - len(event)) + '"}}'
-
-
 @pytest.mark.parametrize("path", ["/ws/twilio", "/v1/realtime"])
 @pytest.mark.parametrize("size", [LIMIT + 1, 8 * 2**20])
 async def test_a_message_over_the_limit_closes_with_1009_at_once_compressed_or_not(server, path, size):
     bystander = await open_call(server.ws_url)
-    message = bomb(size)
+    message = inflating_media_event(size)
     assert len(zlib.compress(message.encode())) < LIMIT  # on the wire, it is under the limit
     ws = await websockets.connect(f"{server.ws_url}{path}", open_timeout=5, compression="deflate",
                                   max_size=None)

@@ -129,10 +129,7 @@ async def after_one_exchange(base_url: str, *, then_trickle: bool) -> float:
         await asyncio.wait_for(closed_by_server(reader), DEADLINE_S + SLACK_S)
         return loop.time() - answered
     finally:
-        if trickler is not None:
-            trickler.cancel()
-            with contextlib.suppress(asyncio.CancelledError, ConnectionError):
-                await trickler
+        await chaos_slow_clients.stop_trickling(trickler)
         writer.close()
 
 

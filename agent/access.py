@@ -16,6 +16,7 @@ from __future__ import annotations
 
 import ipaddress
 import logging
+import re
 import time
 from collections.abc import Callable, Mapping
 
@@ -33,6 +34,14 @@ log = logging.getLogger(__name__)
 KEY_SUBPROTOCOL_PREFIX = "openai-insecure-api-key."
 TWILIO_KEY_ID = "twilio"  # sessions admitted by a valid Twilio signature count against this id
 SAFE_METHODS = frozenset({"GET", "HEAD", "OPTIONS"})
+# Loggers that see a WebSocket handshake's headers: websockets logs each one at DEBUG
+# ("< authorization: Bearer <key>") through the logger uvicorn hands it, else its own.
+HANDSHAKE_LOGGERS = ("uvicorn.error", "websockets.server")
+# A header that carries a credential, as a log line shows it: the rest of the line is masked.
+_CREDENTIAL_HEADER = re.compile(r"\b(authorization|api-key|x-twilio-signature)(['\"]?\s*[:=]\s*)\S[^\n]*",
+                                re.IGNORECASE)
+_KEY_SUBPROTOCOL = re.compile(re.escape(KEY_SUBPROTOCOL_PREFIX) + r"[^\s,'\"]+")
+REDACTED = "[redacted]"
 
 
 def subprotocols(headers: Mapping[str, str]) -> list[str]:
@@ -48,6 +57,36 @@ def credential_of(headers: Mapping[str, str]) -> str | None:
         if protocol.startswith(KEY_SUBPROTOCOL_PREFIX) and len(protocol) > len(KEY_SUBPROTOCOL_PREFIX):
             return protocol[len(KEY_SUBPROTOCOL_PREFIX):]
     return None
+
+
+def redact_credentials(text: str) -> str:
+    """`text` with the values of credential headers and the key subprotocol masked."""
+    text = _CREDENTIAL_HEADER.sub(lambda m: f"{m[1]}{m[2]}{REDACTED}", text)
+    return _KEY_SUBPROTOCOL.sub(KEY_SUBPROTOCOL_PREFIX + REDACTED, text)
+
+
+class CredentialRedactor(logging.Filter):
+    """Keeps keys, tokens and Twilio signatures out of the handshake lines websockets logs at
+    DEBUG: a debug log is still a log, and it is the one shared when asking for help. The line
+    stays, masked, so it still shows that a credential came and how."""
+
+    def filter(self, record: logging.LogRecord) -> bool:
+        try:
+            message = record.getMessage()
+        except (TypeError, ValueError):  # a malformed record: its handler reports it, as without us
+            return True
+        masked = redact_credentials(message)
+        if masked != message:
+            record.msg, record.args = masked, None
+        return True
+
+
+_REDACTOR = CredentialRedactor()  # stateless: one instance, so installing it twice adds it once
+
+
+def keep_credentials_out_of_logs() -> None:
+    for name in HANDSHAKE_LOGGERS:
+        logging.getLogger(name).addFilter(_REDACTOR)
 
 
 def _is_ip_literal_or_localhost(hostname: str) -> bool:

@@ -155,6 +155,10 @@ def create_app(config: CadenceConfig, *, engines: Engines | None = None, engines
         the live ones. Only from this machine: anyone else could take the server out of service."""
         if not _from_loopback(request):
             return error_response(403, "drain is accepted only from the server's own machine")
+        # A page in a browser on this machine is on loopback too, and a form's POST needs no
+        # preflight: any site it visits could take the server out of service. `cadence drain`
+        # sends no Origin.
+        gate.check_origin(request.headers, "drain")
         manager.drain()
         log.info("draining: %d calls in progress, no new ones", manager.active_count)
         return JSONResponse({"draining": True, "calls_active": manager.active_count})

@@ -13,6 +13,7 @@ from typing import Any
 import uvicorn
 from fastapi import FastAPI
 
+from agent.access import keep_credentials_out_of_logs
 from agent.calls import CallManager
 from agent.config import CadenceConfig
 from agent.http_deadline import http_protocol_class
@@ -77,5 +78,6 @@ def cadence_server(app: FastAPI, config: CadenceConfig, **uvicorn_options: Any) 
         uvicorn_options["http"] = http_protocol_class(config.server.request_header_timeout_seconds,
                                                       on_expired=app.state.metrics.request_head_timeouts.inc)
     options = uvicorn.Config(app, ws_max_size=config.server.max_ws_message_bytes, **uvicorn_options)
+    keep_credentials_out_of_logs()  # after uvicorn has set its loggers up: --log-level debug logs handshakes
     return CadenceServer(options, before_shutdown=app.state.events.close, calls=app.state.manager,
                          grace_s=config.server.shutdown_grace_seconds)

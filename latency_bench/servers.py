@@ -13,7 +13,7 @@ import socket
 import subprocess
 import sys
 import time
-from collections.abc import Iterator, Sequence
+from collections.abc import Iterator, Mapping, Sequence
 from pathlib import Path
 
 import httpx
@@ -34,11 +34,15 @@ def free_port() -> int:
 
 
 @contextlib.contextmanager
-def child(argv: list[str], log_path: Path, ready_url: str, *, timeout_s: float = 300.0) -> Iterator[str]:
-    """Starts `argv`, waits until `ready_url` answers 200, yields it; always stops the process."""
+def child(argv: list[str], log_path: Path, ready_url: str, *, timeout_s: float = 300.0,
+          environ: Mapping[str, str] | None = None) -> Iterator[str]:
+    """Starts `argv`, waits until `ready_url` answers 200, yields it; always stops the process.
+    `environ`: variables set for the child on top of this process's (secrets stay out of files)."""
     log_path.parent.mkdir(parents=True, exist_ok=True)
+    env = {**os.environ, **environ} if environ else None
     with open(log_path, "wb") as log:
-        process = subprocess.Popen(argv, cwd=REPO, stdout=log, stderr=subprocess.STDOUT, start_new_session=True)
+        process = subprocess.Popen(argv, cwd=REPO, stdout=log, stderr=subprocess.STDOUT, start_new_session=True,
+                                   env=env)
     try:
         deadline = time.monotonic() + timeout_s
         while True:
@@ -98,18 +102,20 @@ def write_bench_config(out: Path, config: Path, *, max_calls: int, deployment: s
 @contextlib.contextmanager
 def cadence(out: Path, *, max_calls: int, config: Path = DEFAULT_CONFIG, deployment: str | None = None,
             schedule: str | None = None, settings: Sequence[str] = (),
-            agent_files: tuple[Path, ...] = ()) -> Iterator[str]:
+            agent_files: tuple[Path, ...] = (), log_level: str = "warning",
+            environ: Mapping[str, str] | None = None) -> Iterator[str]:
     """Cadence's own server on `config`, admitting `max_calls` calls, with a store in `out`.
     `deployment`: a deployment file, or "none" for every model in-process (None: the config's).
     `schedule`: server.schedule (None: the config's). `settings`: KEY=VALUE overrides.
-    `agent_files`: agents created through the API once it is ready (the bench's own agents)."""
+    `agent_files`: agents created through the API once it is ready (the bench's own agents).
+    `log_level`: the server's, into out/cadence.log. `environ`: set for the server (API keys)."""
     out.mkdir(parents=True, exist_ok=True)
     bench_config = write_bench_config(out, config, max_calls=max_calls, deployment=deployment, schedule=schedule,
                                       settings=settings)
     port = free_port()
     with child([sys.executable, "-m", "agent.cli", "serve", "--config", str(bench_config), "--host", "127.0.0.1",
-                "--port", str(port), "--log-level", "warning"], out / "cadence.log",
-               f"http://127.0.0.1:{port}/readyz"):
+                "--port", str(port), "--log-level", log_level], out / "cadence.log",
+               f"http://127.0.0.1:{port}/readyz", environ=environ):
         for agent_file in agent_files:
             spec = yaml.safe_load(Path(agent_file).read_text())
             created = httpx.post(f"http://127.0.0.1:{port}/api/agents", json=spec, timeout=30)

@@ -15,6 +15,7 @@ from fastapi import FastAPI
 
 from agent.access import keep_credentials_out_of_logs
 from agent.calls import CallManager
+from agent.client_fault_logs import demote_client_faults
 from agent.config import CadenceConfig
 from agent.http_deadline import http_protocol_class
 
@@ -79,5 +80,6 @@ def cadence_server(app: FastAPI, config: CadenceConfig, **uvicorn_options: Any) 
                                                       on_expired=app.state.metrics.request_head_timeouts.inc)
     options = uvicorn.Config(app, ws_max_size=config.server.max_ws_message_bytes, **uvicorn_options)
     keep_credentials_out_of_logs()  # after uvicorn has set its loggers up: --log-level debug logs handshakes
+    demote_client_faults()  # a stranger's bad frame is a warning, not the server's error
     return CadenceServer(options, before_shutdown=app.state.events.close, calls=app.state.manager,
                          grace_s=config.server.shutdown_grace_seconds)

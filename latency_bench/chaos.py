@@ -15,6 +15,14 @@ on loopback that the bench starts itself; every scenario is bounded in count and
     vanishing     1,000 callers who connect, start and vanish (half mid-reply, half dropping
                   TCP): memory +20 MB at most, open files and threads back to baseline,
                   every call stored as ended
+    malformed     1,000 generated-malformed messages on /ws/twilio and /v1/realtime (bad JSON,
+                  wrong types, unknown events, bad base64, huge numbers, binary, bad frames):
+                  each answered (an error event, a drop within the bad-message budget, or a
+                  close 1002/1007/1008) within 100 ms, nothing logged as an error, a clean call
+                  alongside keeps its TTFS p95 (within 10 %)
+    access        missing, wrong, expired, reused and alg:none credentials and a foreign Origin
+                  on every route that starts a call or changes an agent (taken from the server's
+                  own route list): 100 % refused, a valid key accepted; no secret in the log
     drain         SIGTERM with 10 live calls: /readyz 503 within 1 s, new calls refused, live
                   calls kept until they hang up, exit 0, every call stored as ended
 
@@ -27,14 +35,15 @@ import asyncio
 from dataclasses import dataclass
 from pathlib import Path
 
-from latency_bench import (chaos_admission, chaos_drain, chaos_oversize, chaos_slow_clients, chaos_vanishing,
-                           servers)
+from latency_bench import (chaos_access, chaos_admission, chaos_drain, chaos_malformed, chaos_oversize, chaos_slow_clients,
+                           chaos_vanishing, servers)
 
 SLOW_CLIENTS, SILENT_SOCKETS, BURST_CAP, BURST_EXTRA, DRAIN_CALLS = 200, 200, 4, 50, 10
 HEADER_TIMEOUT_S, HANDSHAKE_TIMEOUT_S, DRAIN_GRACE_S, DRAIN_HOLD_S = 5.0, 5.0, 25.0, 3.0
 VANISHING_CYCLES = 1000
 OVERSIZE_ATTEMPTS, BOMB_BYTES = 200, 64 * 2**20
 WS_LIMIT_BYTES = 16_384  # server.max_ws_message_bytes of configs/default.yaml
+MALFORMED_MESSAGES, BAD_MESSAGE_BUDGET, MALFORMED_CLEAN_TURNS = 1000, 50, 6  # budget: limits.max_bad_messages
 
 
 @dataclass(frozen=True)
@@ -100,6 +109,31 @@ def judge_oversize(f: dict) -> Verdict:
                    f"{f['close_ms']['max']} ms; memory {f['rss_growth_mb']:+.1f} MB", passed, f)
 
 
+def judge_malformed(f: dict) -> Verdict:
+    sides = (f["realtime"], f["twilio"])
+    wrong = sum(len(side["wrong_answers"]) for side in sides)
+    slowest = max((side["answer_ms"]["max"] or 0) for side in sides)
+    answers: dict[str, int] = {}
+    for side in sides:
+        for key, count in side["by_answer"].items():
+            answer = key.rsplit("/", 1)[1]
+            answers[answer] = answers.get(answer, 0) + count
+    base, along = f["clean_call"]["baseline_p95"], f["clean_call"]["alongside_p95"]
+    ttfs_change = (along / base - 1) * 100 if base and along else None
+    passed = (f["server_healthy_after"] and not f["errors_logged"] and wrong == 0 and slowest <= 100
+              and ttfs_change is not None and ttfs_change <= 10)
+    codes = sorted({*f["realtime"]["codes_seen"], *f["twilio"]["codes_seen"]})
+    return Verdict("malformed", f"{f['messages']} malformed messages on /ws/twilio and /v1/realtime: 0 crashes, "
+                                "each answered (error event, or close 1002/1007/1008) within 100 ms; a clean call "
+                                "alongside keeps its TTFS p95 within 10 %",
+                   f"{sum(answers.values())} faults: {answers.get('error_event', 0)} error events, "
+                   f"{answers.get('closed', 0)} closes {codes}, {answers.get('dropped', 0)} dropped within the "
+                   f"budget, {answers.get('accepted', 0)} read as valid (lenient types); {wrong} unanswered or "
+                   f"wrong; slowest answer {slowest} ms; {len(f['errors_logged'])} errors logged; clean call TTFS "
+                   f"p95 {base} -> {along} ms"
+                   + (f" ({ttfs_change:+.0f} %)" if ttfs_change is not None else ""), passed, f)
+
+
 def judge_drain(f: dict) -> Verdict:
     passed = (f["readyz_503_after_s"] is not None and f["readyz_503_after_s"] <= 1.0
               and f["new_call_close_code"] == 1013 and f["live_calls_kept_through_hold"]
@@ -112,7 +146,7 @@ def judge_drain(f: dict) -> Verdict:
                    f"({', '.join(f['end_reasons'])})", passed, f)
 
 
-async def _on_shared_server(base_url: str, name: str) -> Verdict:
+async def _on_shared_server(base_url: str, name: str, log: Path) -> Verdict:
     if name == "slow-clients":
         return judge_slow_clients(await chaos_slow_clients.run(
             base_url, idle=SLOW_CLIENTS, trickle=SLOW_CLIENTS, deadline_s=HEADER_TIMEOUT_S))
@@ -124,10 +158,15 @@ async def _on_shared_server(base_url: str, name: str) -> Verdict:
                                                        bomb_bytes=BOMB_BYTES))
     if name == "vanishing":
         return judge_vanishing(await chaos_vanishing.run(base_url, cycles=VANISHING_CYCLES))
+    if name == "malformed":
+        return judge_malformed(await chaos_malformed.run(base_url, messages=MALFORMED_MESSAGES,
+                                                         budget=BAD_MESSAGE_BUDGET, turns=MALFORMED_CLEAN_TURNS,
+                                                         log=log))
     return judge_admission(await chaos_admission.run_burst(base_url, cap=BURST_CAP, extra=BURST_EXTRA))
 
 
-SCENARIOS = ("slow-clients", "handshake", "admission", "oversize", "vanishing", "drain")
+SCENARIOS = ("slow-clients", "handshake", "admission", "oversize", "vanishing", "malformed", "access", "drain")
+OWN_SERVER = ("access", "drain")  # each starts a server of its own (an operator key; a SIGTERM)
 
 
 def run(names: list[str], out: Path, *, config: Path = servers.DEFAULT_CONFIG) -> list[Verdict]:
@@ -135,13 +174,17 @@ def run(names: list[str], out: Path, *, config: Path = servers.DEFAULT_CONFIG) -
     if unknown:
         raise ValueError(f"unknown chaos scenarios {unknown}; choose from {', '.join(SCENARIOS)}")
     verdicts: list[Verdict] = []
-    shared = [n for n in names if n != "drain"]
+    shared = [n for n in names if n not in OWN_SERVER]
     if shared:
         settings = [f"server.request_header_timeout_seconds={HEADER_TIMEOUT_S}",
                     f"limits.handshake_timeout_seconds={HANDSHAKE_TIMEOUT_S}"]
         with servers.cadence(out / "server", max_calls=BURST_CAP, config=config, settings=settings) as base_url:
             for name in shared:
-                verdicts.append(asyncio.run(_on_shared_server(base_url, name)))
+                verdicts.append(asyncio.run(_on_shared_server(base_url, name, out / "server" / "cadence.log")))
+    if "access" in names:
+        with chaos_access.server(out / "access", config=config) as (base_url, key, log):
+            verdicts.append(chaos_access.judge(asyncio.run(chaos_access.run(base_url, key=key,
+                                                                            read_log=log.read_text))))
     if "drain" in names:
         verdicts.append(judge_drain(asyncio.run(chaos_drain.run(
             out / "drain", calls=DRAIN_CALLS, grace_s=DRAIN_GRACE_S, hold_s=DRAIN_HOLD_S, config=config))))

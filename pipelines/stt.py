@@ -278,6 +278,10 @@ class EngineSTTService(EagerEndOfTurnSTTServiceMixin, SegmentedSTTService):
     async def cleanup(self) -> None:
         self._drop_speculation()
         self._drop_partial()
+        # A call cancelled before its StartFrame reached the pipeline's end is only cleaned up:
+        # no CancelFrame comes, and pipecat's SegmentedSTTService leaves its segment task
+        # pending ("Task was destroyed but it is pending!" once collected). Idempotent.
+        await self._cancel_segment_task()
         await super().cleanup()
 
     def _fit(self, audio: bytes) -> bytes:

@@ -102,8 +102,8 @@ class RealtimeConversation:
         """A server event with a fresh event_id; also for the glue's own (session.created, ...)."""
         return {"type": event_type, "event_id": self._new_id("event"), **fields}
 
-    def error_event(self, exc: RealtimeProtocolError) -> dict:
-        return self.event("error", error={"type": "invalid_request_error", "code": exc.code, "message": str(exc),
+    def error_event(self, exc: RealtimeProtocolError, *, error_type: str = "invalid_request_error") -> dict:
+        return self.event("error", error={"type": error_type, "code": exc.code, "message": str(exc),
                                           "param": exc.param, "event_id": exc.event_id})
 
     # The user's side

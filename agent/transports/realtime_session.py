@@ -129,6 +129,12 @@ class RealtimeSession:
             self._on_bad_event(exc)
             self._send([self.conversation.error_event(exc)])
             return None
+        except Exception:  # noqa: BLE001 - our bug, not the client's: said and logged, the session goes on
+            # Raised from here it would end the transport's receive loop: a deaf call, ended as a hang-up.
+            log.exception("call %s: a client event failed", self._call.id)
+            self._send([self.conversation.error_event(RealtimeProtocolError(
+                "the server failed to handle this event", code="server_error"), error_type="server_error")])
+            return None
 
     async def _handle(self, event) -> Frame | None:
         if isinstance(event, rt.InputAudioBufferAppendEvent):

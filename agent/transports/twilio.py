@@ -55,10 +55,15 @@ class GuardedTwilioSerializer(TwilioFrameSerializer):
 
     async def deserialize(self, data: str | bytes) -> Frame | None:
         try:
-            event = proto.parse(data)
+            return await self._to_frame(proto.parse(data))
         except BadInputError as exc:
             self._on_bad_input(exc)
-            return None
+        except Exception:  # noqa: BLE001 - our bug, not the caller's: logged, the message dropped
+            # Raised from here it would end the transport's receive loop: a deaf call.
+            log.exception("a phone message failed")
+        return None
+
+    async def _to_frame(self, event: proto.TwilioEvent) -> Frame | None:
         if isinstance(event, proto.Media):
             pcm = await ulaw_to_pcm(event.mulaw, PHONE_SAMPLE_RATE, self._sample_rate, self._input_resampler)
             return InputAudioRawFrame(audio=pcm, num_channels=1, sample_rate=self._sample_rate) if pcm else None

@@ -62,7 +62,7 @@ def parse(message: str | bytes) -> TwilioEvent:
         raise BadSignalingError("binary WebSocket messages are not part of the Twilio protocol; send JSON text")
     try:
         data = json.loads(message)
-    except (json.JSONDecodeError, RecursionError) as exc:
+    except (ValueError, RecursionError) as exc:  # ValueError: bad JSON, or an int of over 4,300 digits
         raise BadSignalingError(f"message is not valid JSON: {exc.__class__.__name__}") from None
     if not isinstance(data, dict):
         raise BadSignalingError("message must be a JSON object")

@@ -28,6 +28,7 @@ from agent.config import CadenceConfig
 from agent.errors import CadenceError, CapacityError, NotFoundError, SessionLimitError
 from agent.http_util import error_for
 from agent.metrics import CadenceMetrics
+from agent.transports import closing
 from agent.transports.realtime_session import RealtimeSession
 from models.base import ASREngine
 from pipelines.speech_events import SpeechEventObserver
@@ -97,7 +98,7 @@ async def _run_session(websocket: WebSocket, call: ActiveCall, *, manager: CallM
         log.info("call %s: rejected client event (%d so far): %s", call.id, call.bad_messages,
                  getattr(exc, "code", type(exc).__name__))
         if call.bad_messages == config.limits.max_bad_messages + 1:
-            later(_close(websocket, call, manager, CLOSE_POLICY, "too many invalid events", "bad_input"))
+            later(_close(websocket, call, manager, CLOSE_POLICY, f"too many invalid events; last: {exc}", "bad_input"))
 
     session = RealtimeSession(call, asr=asr, model=call.agent.name,
                               max_buffer_seconds=config.limits.max_user_turn_seconds,
@@ -106,7 +107,7 @@ async def _run_session(websocket: WebSocket, call: ActiveCall, *, manager: CallM
                                                               "client is not reading events", "client_not_reading")),
                               on_truncated=lambda turn: manager.turn_changed(call, turn))
     transport = FastAPIWebsocketTransport(
-        websocket,
+        closing.for_call(websocket, call, max_call_s=config.limits.max_call_seconds),
         FastAPIWebsocketParams(audio_in_enabled=True, audio_out_enabled=True, add_wav_header=False,
                                serializer=RealtimeSerializer(session)),
     )
@@ -135,7 +136,7 @@ async def _deny(websocket: WebSocket, exc: CadenceError) -> None:
         await websocket.send_denial_response(_denial(exc))
         return
     code = CLOSE_TRY_LATER if exc.retryable else CLOSE_POLICY
-    await websocket.close(code=code, reason=str(exc)[:120])
+    await websocket.close(code=code, reason=closing.close_reason(str(exc)))
 
 
 def _denial(exc: CadenceError) -> JSONResponse:
@@ -152,7 +153,7 @@ def _denial(exc: CadenceError) -> JSONResponse:
 async def _close(websocket: WebSocket, call: ActiveCall, manager: CallManager, code: int, reason: str,
                  end_reason: str) -> None:
     try:
-        await websocket.close(code=code, reason=reason)
+        await websocket.close(code=code, reason=closing.close_reason(reason))
     except (RuntimeError, WebSocketDisconnect):
         pass  # already closed
     await manager.hang_up(call, end_reason)

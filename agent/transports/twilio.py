@@ -25,6 +25,7 @@ from agent.config import CadenceConfig
 from agent.errors import (BadInputError, CapacityError, ForbiddenError, NotFoundError, SessionLimitError,
                           UnauthorizedError)
 from agent.metrics import CadenceMetrics
+from agent.transports import closing
 from agent.transports import twilio_protocol as proto
 
 log = logging.getLogger(__name__)
@@ -101,7 +102,7 @@ async def handle_twilio_call(websocket: WebSocket, *, manager: CallManager, conf
     except (UnauthorizedError, ForbiddenError) as exc:
         metrics.calls_refused.labels(TRANSPORT, refusal_reason(exc)).inc()
         # Closed before the handshake is accepted: the client sees HTTP 403.
-        await websocket.close(code=CLOSE_POLICY, reason=str(exc)[:120])
+        await websocket.close(code=CLOSE_POLICY, reason=closing.close_reason(str(exc)))
         return
     await websocket.accept()
     if manager.full:  # told before the handshake; the slot itself is taken once `start` names the agent
@@ -163,7 +164,7 @@ async def _run_call(websocket: WebSocket, call: ActiveCall, start: proto.Start, 
         on_stop=lambda: later(manager.hang_up(call, "caller_hung_up")),
     )
     transport = FastAPIWebsocketTransport(
-        websocket,
+        closing.for_call(websocket, call, max_call_s=config.limits.max_call_seconds),
         FastAPIWebsocketParams(audio_in_enabled=True, audio_out_enabled=True, add_wav_header=False,
                                serializer=serializer),
     )
@@ -189,6 +190,6 @@ async def _close_for_bad_input(websocket: WebSocket, call: ActiveCall, manager: 
 
 async def _close_quietly(websocket: WebSocket, code: int, reason: str) -> None:
     try:
-        await websocket.close(code=code, reason=reason[:120])  # close reasons are capped at 123 bytes
+        await websocket.close(code=code, reason=closing.close_reason(reason))
     except (RuntimeError, WebSocketDisconnect):
         pass  # already closed by the peer

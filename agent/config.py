@@ -130,6 +130,10 @@ class LLMConfig(LlamaCppOptions):
     max_reply_sentences: int = 2
     # Turns of history kept in the prompt; older turns are dropped to bound prompt cost.
     max_history_messages: int = 12
+    # Characters of dialogue (history and the caller's turn) in a prompt, ~1,100 tokens: with the
+    # system prompt, passages and the reply it fits context_tokens. Older messages go first; a
+    # caller's turn longer than this alone keeps its end (ten minutes of talk is ~9,000).
+    max_dialogue_chars: int = 4000
 
 
 @dataclass(frozen=True)
@@ -252,6 +256,7 @@ def _validate(config: CadenceConfig) -> None:
         (0 <= config.asr.encoder_padding_seconds < 30, "asr.encoder_padding_seconds must be in [0, 30)"),
         (config.llm.max_reply_tokens >= 1, "llm.max_reply_tokens must be >= 1"),
         (config.llm.context_tokens >= 256, "llm.context_tokens must be >= 256"),
+        (config.llm.max_dialogue_chars >= 200, "llm.max_dialogue_chars must be >= 200"),
         (0.02 <= config.tts.chunk_seconds <= 2.0, "tts.chunk_seconds must be in [0.02, 2]"),
         (0 <= config.llm.max_reply_sentences <= 20, "llm.max_reply_sentences must be in [0, 20]"),
         (1 <= config.retrieval.top_k <= 20, "retrieval.top_k must be in [1, 20]"),

@@ -82,6 +82,11 @@ class CadenceMetrics:
             "Callers' pauses by how long the turn-end judge let them be (finished: short; "
             "words_unfinished / voice_unfinished: long; undecided: the agent's pause)",
             ["reason"], registry=self.registry)
+        self.long_turn_cuts = Histogram(
+            "cadence_long_turn_cut_seconds",
+            "Callers' turns longer than limits.max_user_turn_seconds, cut and transcribed while they went "
+            "on: the length of each part cut off",
+            buckets=(5.0, 10.0, 15.0, 20.0, 25.0, 30.0), registry=self.registry)
         self.eager_replies = Counter(
             "cadence_eager_replies_total",
             "Replies started at a pause, by how they ended (confirmed: used; missed / withdrawn / expired: dropped)",

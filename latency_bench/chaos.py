@@ -20,6 +20,12 @@ on loopback that the bench starts itself; every scenario is bounded in count and
                   each answered (an error event, a drop within the bad-message budget, or a
                   close 1002/1007/1008) within 100 ms, nothing logged as an error, a clean call
                   alongside keeps its TTFS p95 (within 10 %)
+    bad-audio     17 kinds of bad audio on the phone and /v1/realtime (wrong rates, odd lengths,
+                  NaN/Inf floats, noise, Opus as PCM, silence): 0 crashes, each handled or closed
+                  with a reason, the next good utterance answered
+    endless       a caller who talks for 10 minutes without a pause: the turn cut (and each part
+                  transcribed) every 30 s at most, memory +64 MB at most while they talk, and the
+                  reply still comes (the prompt fits the model's context)
     access        missing, wrong, expired, reused and alg:none credentials and a foreign Origin
                   on every route that starts a call or changes an agent (taken from the server's
                   own route list): 100 % refused, a valid key accepted; no secret in the log
@@ -35,7 +41,7 @@ import asyncio
 from dataclasses import dataclass
 from pathlib import Path
 
-from latency_bench import (chaos_access, chaos_admission, chaos_drain, chaos_malformed, chaos_oversize, chaos_slow_clients,
+from latency_bench import (chaos_access, chaos_admission, chaos_bad_audio, chaos_drain, chaos_endless, chaos_malformed, chaos_oversize, chaos_slow_clients,
                            chaos_vanishing, servers)
 
 SLOW_CLIENTS, SILENT_SOCKETS, BURST_CAP, BURST_EXTRA, DRAIN_CALLS = 200, 200, 4, 50, 10
@@ -43,6 +49,8 @@ HEADER_TIMEOUT_S, HANDSHAKE_TIMEOUT_S, DRAIN_GRACE_S, DRAIN_HOLD_S = 5.0, 5.0, 2
 VANISHING_CYCLES = 1000
 OVERSIZE_ATTEMPTS, BOMB_BYTES = 200, 64 * 2**20
 WS_LIMIT_BYTES = 16_384  # server.max_ws_message_bytes of configs/default.yaml
+IDLE_TIMEOUT_S = 10.0  # limits.idle_timeout_seconds on the shared server: the silence cases wait it out
+ENDLESS_MINUTES, TURN_LIMIT_S = 10.0, 30.0  # limits.max_user_turn_seconds of configs/default.yaml
 MALFORMED_MESSAGES, BAD_MESSAGE_BUDGET, MALFORMED_CLEAN_TURNS = 1000, 50, 6  # budget: limits.max_bad_messages
 
 
@@ -134,6 +142,21 @@ def judge_malformed(f: dict) -> Verdict:
                    + (f" ({ttfs_change:+.0f} %)" if ttfs_change is not None else ""), passed, f)
 
 
+def judge_endless(f: dict) -> Verdict:
+    expected_cuts = int(f["speech_seconds"] // TURN_LIMIT_S)
+    coverage = f["words_transcribed"] / f["words_spoken"] if f["words_spoken"] else 0.0
+    passed = (f["cuts"] >= expected_cuts and f["cuts_within_30s"] == f["cuts"] and coverage >= 0.8
+              and f["rss_growth_mb"] <= 64 and f["reply_heard"] and f["error"] is None)
+    return Verdict("endless", f"{f['minutes']:g} minutes of talk without a pause: cut and transcribed every "
+                              f"{TURN_LIMIT_S:g} s at most (>= 80 % of the words in the stored turn), memory "
+                              "+64 MB at most, the reply still heard",
+                   f"{f['cuts']:.0f} cuts ({f['cuts_within_30s']:.0f} within {TURN_LIMIT_S:g} s) in "
+                   f"{f['speech_seconds']:g} s; {f['words_transcribed']} of {f['words_spoken']} words in the stored "
+                   f"turn ({coverage:.0%}); memory {f['rss_growth_mb']:+.1f} MB at its peak; reply "
+                   f"{'heard, TTFS %.0f ms' % f['ttfs_ms'] if f['reply_heard'] and f['ttfs_ms'] else 'NOT heard'}",
+                   passed, f)
+
+
 def judge_drain(f: dict) -> Verdict:
     passed = (f["readyz_503_after_s"] is not None and f["readyz_503_after_s"] <= 1.0
               and f["new_call_close_code"] == 1013 and f["live_calls_kept_through_hold"]
@@ -158,6 +181,10 @@ async def _on_shared_server(base_url: str, name: str, log: Path) -> Verdict:
                                                        bomb_bytes=BOMB_BYTES))
     if name == "vanishing":
         return judge_vanishing(await chaos_vanishing.run(base_url, cycles=VANISHING_CYCLES))
+    if name == "bad-audio":
+        return chaos_bad_audio.judge(await chaos_bad_audio.run(base_url, idle_timeout_s=IDLE_TIMEOUT_S, log=log))
+    if name == "endless":
+        return judge_endless(await chaos_endless.run(base_url, minutes=ENDLESS_MINUTES))
     if name == "malformed":
         return judge_malformed(await chaos_malformed.run(base_url, messages=MALFORMED_MESSAGES,
                                                          budget=BAD_MESSAGE_BUDGET, turns=MALFORMED_CLEAN_TURNS,
@@ -165,7 +192,7 @@ async def _on_shared_server(base_url: str, name: str, log: Path) -> Verdict:
     return judge_admission(await chaos_admission.run_burst(base_url, cap=BURST_CAP, extra=BURST_EXTRA))
 
 
-SCENARIOS = ("slow-clients", "handshake", "admission", "oversize", "vanishing", "malformed", "access", "drain")
+SCENARIOS = ("slow-clients", "handshake", "admission", "oversize", "vanishing", "malformed", "bad-audio", "endless", "access", "drain")
 OWN_SERVER = ("access", "drain")  # each starts a server of its own (an operator key; a SIGTERM)
 
 
@@ -177,7 +204,8 @@ def run(names: list[str], out: Path, *, config: Path = servers.DEFAULT_CONFIG) -
     shared = [n for n in names if n not in OWN_SERVER]
     if shared:
         settings = [f"server.request_header_timeout_seconds={HEADER_TIMEOUT_S}",
-                    f"limits.handshake_timeout_seconds={HANDSHAKE_TIMEOUT_S}"]
+                    f"limits.handshake_timeout_seconds={HANDSHAKE_TIMEOUT_S}",
+                    f"limits.idle_timeout_seconds={IDLE_TIMEOUT_S}"]
         with servers.cadence(out / "server", max_calls=BURST_CAP, config=config, settings=settings) as base_url:
             for name in shared:
                 verdicts.append(asyncio.run(_on_shared_server(base_url, name, out / "server" / "cadence.log")))

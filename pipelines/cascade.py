@@ -55,6 +55,7 @@ def cascade_stages(*, engines: Engines, config: CadenceConfig, agent: CallAgent,
                            speculation_lead_s=max(0.0, agent.vad_stop_secs - agent.speculate_after_secs)
                            if by_wanted else None,
                            partial_every_s=config.asr.partial_every_s, on_rejected=hooks.on_asr_rejected,
+                           on_long_turn_cut=hooks.on_long_turn_cut,
                            on_partial=hooks.on_partial, pause_judge=judge, eager_reply=eager)
     context = LLMContext(messages=[{"role": "system", "content": agent.system_prompt}])
     aggregators = LLMContextAggregatorPair(
@@ -77,6 +78,7 @@ def cascade_stages(*, engines: Engines, config: CadenceConfig, agent: CallAgent,
         engines.llm,
         max_reply_tokens=agent.max_reply_tokens,
         max_history_messages=config.llm.max_history_messages,
+        max_dialogue_chars=config.llm.max_dialogue_chars,
         system_prompt=agent.system_prompt,
         sampling=agent.sampling,
         max_reply_sentences=agent.max_reply_sentences,

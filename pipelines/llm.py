@@ -27,25 +27,44 @@ from pipelines.reply import shaped_reply
 FALLBACK_REPLY = "Sorry, I lost my train of thought. Could you say that again?"
 
 
-def prompt_window(messages: list[ChatMessage], max_history: int) -> list[ChatMessage]:
-    """System messages plus at most `max_history` recent dialogue messages.
+# Marks where an over-long message was cut: the model should know it hears the end of it.
+ELIDED = "[...] "
+
+
+def prompt_window(messages: list[ChatMessage], max_history: int,
+                  max_dialogue_chars: int | None = None) -> list[ChatMessage]:
+    """System messages plus at most `max_history` recent dialogue messages, and at most
+    `max_dialogue_chars` of dialogue (None: no limit).
 
     The window's start moves in steps of half the window, not one message per turn: the
     LLM engine reuses the KV cache of the longest unchanged prompt prefix, and a start that
     slid every turn would re-evaluate the whole history every turn (seconds on a CPU).
+
+    The character budget keeps the prompt inside the model's context whatever the callers say
+    (a caller who talks for ten minutes is one message of ~9,000 characters): the oldest
+    messages go first, and a newest message over the budget alone keeps its end, which the
+    reply is about. Within the budget, the prompt is the step-wise window above.
     """
     system = [m for m in messages if m.get("role") == "system"]
     dialogue = [m for m in messages if m.get("role") in ("user", "assistant") and isinstance(m.get("content"), str)]
     step = max(1, max_history // 2)
     overflow = max(0, len(dialogue) - max_history)
     start = -(-overflow // step) * step  # overflow rounded up to whole steps
-    return system + dialogue[start:]
+    window = dialogue[start:]
+    if max_dialogue_chars is None:
+        return system + window
+    while len(window) > 1 and sum(len(m["content"]) for m in window) > max_dialogue_chars:
+        window = window[1:]
+    if window and len(window[0]["content"]) > max_dialogue_chars:
+        kept = max(0, max_dialogue_chars - len(ELIDED))
+        window = [{**window[0], "content": ELIDED + window[0]["content"][len(window[0]["content"]) - kept:]}]
+    return system + window
 
 
 class EngineLLMService(LLMService):
     def __init__(self, engine: LLMEngine, *, max_reply_tokens: int, max_history_messages: int,
-                 system_prompt: str = "", sampling: Sampling | None = None, max_reply_sentences: int = 0,
-                 on_redacted: Callable[[int], None] = lambda count: None, **kwargs) -> None:
+                 max_dialogue_chars: int | None = None, system_prompt: str = "", sampling: Sampling | None = None,
+                 max_reply_sentences: int = 0, on_redacted: Callable[[int], None] = lambda count: None, **kwargs) -> None:
         super().__init__(
             settings=LLMSettings(
                 model=None,
@@ -65,12 +84,16 @@ class EngineLLMService(LLMService):
         self._engine = engine
         self._max_reply_tokens = max_reply_tokens
         self._max_history = max_history_messages
+        self._max_dialogue_chars = max_dialogue_chars
         self._system_prompt = system_prompt
         self._sampling = sampling
         self._max_reply_sentences = max_reply_sentences
         self._on_redacted = on_redacted
         self._warm_task: asyncio.Task | None = None
         self._spoke = False  # this turn's reply has produced text
+
+    def _window(self, messages: list[ChatMessage]) -> list[ChatMessage]:
+        return prompt_window(messages, self._max_history, self._max_dialogue_chars)
 
     def can_generate_metrics(self) -> bool:
         return True
@@ -97,7 +120,7 @@ class EngineLLMService(LLMService):
 
     async def _generate(self, context: LLMContext, passages) -> None:
         history = list(context.get_messages())
-        messages = prompt_window(history, self._max_history)
+        messages = self._window(history)
         await self.start_ttfb_metrics()
         pieces = shaped_reply(self._engine, messages, passages=passages, sampling=self._sampling,
                               max_tokens=self._max_reply_tokens, max_sentences=self._max_reply_sentences,
@@ -120,7 +143,7 @@ class EngineLLMService(LLMService):
         when the window's start moves, and after every turn with passages: they sat before
         this turn's question, and the next prompt has the question and reply there instead."""
         following = history + [{"role": "assistant", "content": reply}, {"role": "user", "content": ""}]
-        next_window = prompt_window(following, self._max_history)[:-1]
+        next_window = self._window(following)[:-1]
         if used_passages or next_window[: len(window)] != window:
             if self._warm_task is None or self._warm_task.done():
                 self._warm_task = self.create_task(self._warm(next_window), name="llm-warm-prefix")
@@ -128,7 +151,7 @@ class EngineLLMService(LLMService):
     async def warm_for_passages(self, context: LLMContext, passages: list[Passage]) -> None:
         """The caller paused and passages for their question are ready: evaluate the prompt up
         to them now (the question itself follows them), so the turn's prefill is short."""
-        messages = prompt_window(list(context.get_messages()), self._max_history) + [reference_message(passages)]
+        messages = self._window(list(context.get_messages())) + [reference_message(passages)]
         await self._warm(messages)
 
     async def cleanup(self) -> None:

@@ -62,3 +62,4 @@ class CallHooks:
     on_partial: Callable[[str], None] = lambda text: None
     on_pause_verdict: Callable[[PauseVerdict], None] = lambda verdict: None
     on_eager_reply: Callable[[str], None] = lambda outcome: None
+    on_long_turn_cut: Callable[[float], None] = lambda seconds: None

@@ -32,3 +32,29 @@ def silent_tail_seconds(pcm16: bytes, sample_rate: int) -> float | None:
     if len(voiced) == 0:
         return None
     return (len(samples) - (int(voiced[-1]) + 1) * window) / sample_rate
+
+
+QUIET_SPAN_SECONDS = 0.1
+
+
+def quietest_point(pcm16: bytes, sample_rate: int, *, within_s: float) -> int:
+    """Where to cut a turn too long for one transcription: the byte offset of the middle of the
+    quietest 10 ms inside the quietest 100 ms in the last `within_s` seconds of `pcm16` (between
+    words, most likely, so no word is cut in two). A whole sample; the end of `pcm16` if it is
+    shorter than 100 ms."""
+    samples = np.frombuffer(pcm16, dtype=np.int16)
+    window = max(1, int(sample_rate * WINDOW_SECONDS))
+    span = max(1, int(QUIET_SPAN_SECONDS / WINDOW_SECONDS))
+    first = max(0, len(samples) - int(within_s * sample_rate)) // window * window
+    count = (len(samples) - first) // window
+    if count < span:
+        return len(samples) * 2
+    frames = samples[first: first + count * window].astype(np.float32).reshape(count, window)
+    energy = np.mean(frames * frames, axis=1)
+    spans = np.convolve(energy, np.ones(span), mode="valid")  # the energy of each 100 ms from each window
+    def latest_min(values: np.ndarray) -> int:  # the latest of equals: segments as long as they can be
+        return len(values) - 1 - int(np.argmin(values[::-1]))
+
+    start = latest_min(spans)
+    quietest = start + latest_min(energy[start: start + span])  # its quietest 10 ms: between words
+    return (first + quietest * window + window // 2) * 2

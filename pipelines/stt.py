@@ -18,6 +18,12 @@ final costs only the decoding of the words not yet settled, and settled words ne
 change. Partial passes are wanted later than any final, so under load other calls' turns
 go first. Every pass is checked (`rejection`); a rejected one is dropped and counted.
 
+Long turns: a caller who talks past `max_segment_seconds` (Whisper's 30 s window) without a
+pause has the turn so far cut at its quietest moment of the last 2 s, transcribed and pushed,
+and the turn goes on from there: every word is transcribed, in order, and the buffer never
+holds more than one window (10 minutes of talk would otherwise hold 19 MB and lose all but
+the last 30 s).
+
 At each pause the turn-end judge (`pause_judge`, pipelines/pause_judge.py) hears the voice
 beside the speculative transcript and tells the VAD how long this pause may be before the
 turn ends. With `eager_reply`, a plausible speculative transcript is also pushed as an
@@ -58,7 +64,7 @@ from models.hallucination import MAX_COMPRESSION_RATIO, compression_ratio, repea
 from pipelines.local_agreement import LocalAgreement
 from pipelines.pause_judge import PauseJudge
 from pipelines.retrieval import SpeculativeTranscriptFrame
-from pipelines.speech_end import silent_tail_seconds
+from pipelines.speech_end import quietest_point, silent_tail_seconds
 
 log = logging.getLogger(__name__)
 
@@ -66,6 +72,9 @@ log = logging.getLogger(__name__)
 MAX_NO_SPEECH_PROBABILITY = 0.6
 _PCM16_BYTES = 2
 
+
+# A turn over the segment limit is cut at its quietest point within this much before the limit.
+LONG_TURN_CUT_WITHIN_S = 2.0
 
 # A partial pass is wanted this long after it starts: a final transcript (the end of some
 # caller's turn) waiting for the same engine goes first.
@@ -103,6 +112,18 @@ class CallerSpeechEndFrame(SystemFrame):
 
 
 @dataclass
+class TurnPartTranscriptionFrame(TranscriptionFrame):
+    """The transcript of part of a turn too long for one window, cut while the caller went on:
+    the turn's own transcript (the last part) follows. Aggregated as any transcript is."""
+
+
+@dataclass(frozen=True)
+class _QueuedSegment:
+    settled: str  # the words streaming partials had settled, which its transcript must begin with
+    whole_turn_end: bool  # the end of a turn (a guess made at its last pause may stand for it), not a cut
+
+
+@dataclass
 class _Speculation:
     audio_bytes: int  # how much of the turn's audio the speculative transcript covers
     task: asyncio.Task
@@ -113,12 +134,14 @@ class EngineSTTService(EagerEndOfTurnSTTServiceMixin, SegmentedSTTService):
                  speculation_lead_s: float | None = 0.0, partial_every_s: float = 0.0,
                  on_rejected: Callable[[str], None] = lambda reason: None,
                  on_partial: Callable[[str], None] = lambda text: None,
+                 on_long_turn_cut: Callable[[float], None] = lambda seconds: None,
                  pause_judge: PauseJudge | None = None, eager_reply: bool = False, **kwargs) -> None:
         """`speculation_lead_s`: when a guess made at a pause is wanted (the turn's end);
         None leaves guesses in arrival order with every other request. `partial_every_s`:
         streaming partials every that much new speech (0: none). `on_rejected(reason)`:
         told of every transcript the plausibility check drops; `on_partial(text)`, of every
-        partial transcript. `pause_judge`: decides each pause's length (None: the VAD's own).
+        partial transcript; `on_long_turn_cut(seconds)`, of every cut of a long turn (the length of
+        the part cut off). `pause_judge`: decides each pause's length (None: the VAD's own).
         `eager_reply`: answer the speculative transcript while the VAD waits (held until
         the turn ends)."""
         super().__init__(
@@ -140,9 +163,11 @@ class EngineSTTService(EagerEndOfTurnSTTServiceMixin, SegmentedSTTService):
         self._agreement = LocalAgreement()
         self._partial: asyncio.Task | None = None
         self._partial_from_bytes = 0  # the turn's audio length when the last partial pass started
-        self._settled_at_end: collections.deque[str] = collections.deque()  # per queued segment
+        self._queued: collections.deque[_QueuedSegment] = collections.deque()  # one per segment queued
+        self.long_turn_cuts = 0
         self._on_rejected = on_rejected
         self._on_partial = on_partial
+        self._on_long_turn_cut = on_long_turn_cut
         self._pause_judge = pause_judge
         self.partials_pushed = 0
         self._paused = False  # the VAD heard a pause: the turn may be ending, the final comes first
@@ -220,11 +245,33 @@ class EngineSTTService(EagerEndOfTurnSTTServiceMixin, SegmentedSTTService):
     async def process_audio_frame(self, frame: InputAudioRawFrame, direction: FrameDirection) -> None:
         await super().process_audio_frame(frame, direction)
         self._last_audio_at = self._clock()  # STT is the first stage after the transport: ~arrival time
-        if (self._partial_every_bytes and self._user_speaking and self._partial is None and not self._paused
+        # Not during a pause: the turn may be ending, and its end cuts it anyway (below).
+        if self._user_speaking and not self._paused and len(self._audio_buffer) >= self._max_segment_bytes:
+            await self._cut_long_turn()
+        elif (self._partial_every_bytes and self._user_speaking and self._partial is None and not self._paused
                 and len(self._audio_buffer) - self._partial_from_bytes >= self._partial_every_bytes
                 and len(self._audio_buffer) <= self._max_segment_bytes):
             self._partial_from_bytes = len(self._audio_buffer)
             self._partial = self.create_task(self._partial_pass(bytes(self._audio_buffer)), name="partial-asr")
+
+    async def _cut_long_turn(self) -> None:
+        """Queues the turn so far, up to its quietest recent moment, as a segment of its own; the
+        rest stays buffered and the turn goes on. Partials start afresh on the rest."""
+        cut = quietest_point(bytes(self._audio_buffer[: self._max_segment_bytes]), self.sample_rate,
+                             within_s=LONG_TURN_CUT_WITHIN_S)
+        head = bytes(self._audio_buffer[:cut])
+        del self._audio_buffer[:cut]
+        self._drop_speculation()
+        self._drop_partial()
+        self._queued.append(_QueuedSegment(self._agreement.committed_text, whole_turn_end=False))
+        self._agreement.reset()
+        self._partial_from_bytes = len(self._audio_buffer)
+        self.long_turn_cuts += 1
+        seconds = len(head) / _PCM16_BYTES / self.sample_rate
+        self._on_long_turn_cut(seconds)
+        log.info("caller turn longer than %.0f s: %.1f s of it cut and transcribed, the turn goes on",
+                 self._max_segment_bytes / _PCM16_BYTES / self.sample_rate, seconds)
+        await self._segment_queue.put(head)
 
     async def _partial_pass(self, audio: bytes) -> None:
         try:
@@ -265,7 +312,9 @@ class EngineSTTService(EagerEndOfTurnSTTServiceMixin, SegmentedSTTService):
         self._clear_eager_end_of_turn()  # the turn is over: the final transcript settles it
         self._paused = False  # a verdict still out is for a pause that is over
         self._drop_partial()  # the final pass starts now, on all of the turn
-        self._settled_at_end.append(self._agreement.committed_text)
+        if len(self._audio_buffer) > self._max_segment_bytes:  # it grew past the limit in a pause
+            await self._cut_long_turn()
+        self._queued.append(_QueuedSegment(self._agreement.committed_text, whole_turn_end=True))
         self._agreement.reset()
         await super()._handle_user_stopped_speaking(frame)
 
@@ -293,8 +342,10 @@ class EngineSTTService(EagerEndOfTurnSTTServiceMixin, SegmentedSTTService):
         return audio
 
     async def _transcribe(self, audio: bytes) -> Transcript:
-        settled = self._settled_at_end.popleft() if self._settled_at_end else ""
-        speculation, self._speculation = self._speculation, None
+        queued = self._queued.popleft() if self._queued else _QueuedSegment("", whole_turn_end=True)
+        settled = queued.settled
+        # A cut's transcript is of its own audio: a guess made since covers the rest of the turn.
+        speculation, self._speculation = (self._speculation, None) if queued.whole_turn_end else (None, self._speculation)
         # Usable only if the turn's audio is what it saw plus silence: the VAD heard no
         # speech since the pause (else `speech_resumed` would have dropped it).
         if speculation is not None and len(audio) >= speculation.audio_bytes:
@@ -319,6 +370,7 @@ class EngineSTTService(EagerEndOfTurnSTTServiceMixin, SegmentedSTTService):
         return True
 
     async def run_stt(self, audio: bytes) -> AsyncGenerator[Frame | None, None]:
+        part = bool(self._queued) and not self._queued[0].whole_turn_end  # _transcribe takes it off
         await self.start_processing_metrics()
         try:
             transcript = await self._transcribe(audio)
@@ -333,4 +385,5 @@ class EngineSTTService(EagerEndOfTurnSTTServiceMixin, SegmentedSTTService):
             if reason != "empty":
                 self._on_rejected(reason)
             return
-        yield TranscriptionFrame(transcript.text, self._user_id, time_now_iso8601(), finalized=True)
+        kind = TurnPartTranscriptionFrame if part else TranscriptionFrame
+        yield kind(transcript.text, self._user_id, time_now_iso8601(), finalized=True)

@@ -25,7 +25,7 @@ from pipecat.observers.base_observer import BaseObserver, FramePushed
 from pipecat.processors.frame_processor import FrameDirection, FrameProcessor
 
 from pipelines.retrieval import TurnContextFrame
-from pipelines.stt import CallerSpeechEndFrame
+from pipelines.stt import CallerSpeechEndFrame, TurnPartTranscriptionFrame
 from pipelines.tts import TTSSentenceTimingFrame
 from pipelines.turn_timeline import Turn, TurnTimeline
 
@@ -61,7 +61,9 @@ class TurnObserver(BaseObserver):
         if not data.first_push and not (data.source is self._output and data.direction == FrameDirection.DOWNSTREAM):
             return
         now = self._clock()
-        if isinstance(frame, TranscriptionFrame):
+        if isinstance(frame, TurnPartTranscriptionFrame):
+            self.timeline.transcript_part(frame.text)
+        elif isinstance(frame, TranscriptionFrame):
             self.timeline.transcript(frame.text, now)
         elif isinstance(frame, TurnContextFrame):
             if frame.speculation:  # an eager reply: its turn has not ended yet

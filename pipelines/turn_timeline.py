@@ -61,6 +61,7 @@ class TurnTimeline:
         self._reply_generated = False  # the LLM finished; the next bot silence ends the turn
         self._ahead: dict[str, float] = {}  # stages an eager reply reached before its turn ended
         self._from_ahead: set[str] = set()  # of the open turn's stages, those an eager reply gave it
+        self._parts_ahead: list[str] = []  # a long turn's parts transcribed before the turn ended
 
     @property
     def current(self) -> Turn | None:
@@ -71,12 +72,23 @@ class TurnTimeline:
         if turn is None or turn.stage_at:  # a new utterance after the previous reply began
             if turn is not None:
                 self._close(last_voiced_at, interrupted=self._bot_speaking)
-            turn = Turn(index=len(self.turns))
+            turn = Turn(index=len(self.turns), user_text=" ".join(self._parts_ahead))
+            self._parts_ahead.clear()
             self.turns.append(turn)
             self._open = turn
         # The caller paused and went on before we answered: same turn, later end of speech.
         turn.end_of_speech_at = last_voiced_at
         return turn
+
+    def transcript_part(self, text: str) -> None:
+        """Part of a turn too long for one transcription window, cut while the caller went on.
+        Parts come in order, before the turn's own transcript; usually before the turn has ended
+        too, so they wait for it. Its stages do not move: the reply waits for the last part."""
+        turn = self._open
+        if turn is not None and "asr_final" not in turn.stage_at:  # this turn's end came first
+            turn.user_text = f"{turn.user_text} {text}".strip()
+        else:
+            self._parts_ahead.append(text)
 
     def transcript(self, text: str, at: float) -> None:
         turn = self._open

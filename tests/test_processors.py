@@ -103,6 +103,21 @@ def test_prompt_window_keeps_system_and_recent_turns_with_a_stable_start():
     assert starts == ["3"] * 3 + ["6"] * 3 + ["9"] * 3 + ["12"] * 3 + ["15"]
 
 
+def test_prompt_window_keeps_the_dialogue_within_its_character_budget():
+    history = [{"role": "system", "content": "s"}] + [
+        {"role": "user" if i % 2 == 0 else "assistant", "content": f"{i}" * 30} for i in range(6)]
+    window = prompt_window(history, max_history=12, max_dialogue_chars=100)
+    assert [m["content"][0] for m in window] == ["s", "3", "4", "5"]  # the oldest went first
+    assert prompt_window(history, max_history=12, max_dialogue_chars=1000) == history
+    # Ten minutes of talk in one turn: its end is kept, and said to be an end.
+    monologue = " ".join(f"w{i}" for i in range(3000))
+    window = prompt_window([history[0], {"role": "user", "content": monologue}], max_history=12,
+                           max_dialogue_chars=500)
+    assert len(window[1]["content"]) == 500 and window[1]["content"].startswith("[...] ")
+    assert window[1]["content"].endswith("w2999") and window[1]["role"] == "user"
+    assert history[1]["content"] == "0" * 30  # the context itself is never changed
+
+
 async def test_stt_service_transcribes_the_vad_segment_once_it_ends():
     engine = ScriptedASR("what is the capital of france")
     service = EngineSTTService(engine, max_segment_seconds=30, clock=lambda: 1000.0)
@@ -121,14 +136,15 @@ async def test_stt_service_transcribes_the_vad_segment_once_it_ends():
     assert len(engine.heard) == 1 and len(engine.heard[0]) >= 25 * len(SPEECH_20MS)
 
 
-async def test_stt_service_cuts_overlong_turns_to_the_window_keeping_the_end():
+async def test_stt_service_cuts_overlong_turns_into_windows_and_transcribes_them_all():
     engine = ScriptedASR("long story")
     service = EngineSTTService(engine, max_segment_seconds=0.2)
     frames = [VADUserStartedSpeakingFrame()] + [
         InputAudioRawFrame(audio=SPEECH_20MS, sample_rate=16_000, num_channels=1) for _ in range(50)
     ] + [VADUserStoppedSpeakingFrame(stop_secs=0.4)]
     await run_test(service, frames_to_send=frames)
-    assert len(engine.heard[0]) == int(0.2 * 16_000) * 2
+    assert len(engine.heard) >= 5 and all(len(segment) <= int(0.2 * 16_000) * 2 for segment in engine.heard)
+    assert sum(len(segment) for segment in engine.heard) == 50 * len(SPEECH_20MS)
 
 
 async def test_stt_service_drops_text_hallucinated_from_noise():

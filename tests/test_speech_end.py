@@ -1,6 +1,6 @@
 import numpy as np
 
-from pipelines.speech_end import silent_tail_seconds
+from pipelines.speech_end import quietest_point, silent_tail_seconds
 
 RATE = 16_000
 
@@ -25,3 +25,15 @@ def test_line_hiss_does_not_count_as_voice_but_a_quiet_tail_does():
 def test_no_voice_at_all_gives_none():
     assert silent_tail_seconds(np.zeros(RATE, dtype=np.int16).tobytes(), RATE) is None
     assert silent_tail_seconds(b"", RATE) is None
+
+
+def test_a_long_turn_is_cut_in_the_quiet_between_words_not_through_one():
+    rate = 16_000
+    speech = (np.random.default_rng(1).normal(0, 4000, rate * 5)).clip(-32768, 32767).astype(np.int16)
+    speech[int(3.30 * rate):int(3.38 * rate)] = 0  # an 80 ms gap between two words
+    speech[int(4.50 * rate):int(4.52 * rate)] = 200  # a shorter, fainter dip later on
+    cut = quietest_point(speech.tobytes(), rate, within_s=2.0)
+    assert cut % 2 == 0 and 3.30 <= cut / 2 / rate <= 3.38
+    # Outside the last `within_s` seconds nothing is considered; a tiny buffer is cut at its end.
+    assert quietest_point(speech.tobytes(), rate, within_s=1.0) / 2 / rate >= 4.0
+    assert quietest_point(bytes(40), rate, within_s=2.0) == 40

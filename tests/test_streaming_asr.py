@@ -179,3 +179,40 @@ async def test_no_partial_pass_starts_after_the_pause_so_the_final_finds_the_mod
     # ~2 s of speech at one pass per 0.4 s before the pause; none in the second after it
     assert stt.partials_pushed <= 5 and stt.speculations_used == 1
     assert engine.passes == stt.partials_pushed + 1  # the partials, then the speculation, which was the final
+
+
+class RecordingASR(ASREngine):
+    """Says how long each segment it was given was; remembers them."""
+
+    def __init__(self) -> None:
+        self.segments: list[bytes] = []
+
+    def load(self) -> None:
+        pass
+
+    async def transcribe(self, pcm16: bytes, *, prompt: str | None = None) -> Transcript:
+        self.segments.append(pcm16)
+        return Transcript(f"segment {len(self.segments)} of {len(pcm16) / 32_000:.1f} seconds", len(pcm16) / 32_000,
+                          0.0)
+
+
+def speech_with_gaps(seconds: float) -> list[InputAudioRawFrame]:
+    """Loud 20 ms frames with a quiet one every 0.5 s: where words end in real speech."""
+    loud, quiet = (3000).to_bytes(2, "little", signed=True) * 320, bytes(640)
+    return [InputAudioRawFrame(audio=quiet if i % 25 == 24 else loud, sample_rate=16_000, num_channels=1)
+            for i in range(int(seconds * 50))]
+
+
+async def test_a_turn_longer_than_the_window_is_cut_at_a_quiet_moment_and_every_part_transcribed():
+    engine = RecordingASR()
+    stt = EngineSTTService(engine, max_segment_seconds=10)
+    frames = [VADUserStartedSpeakingFrame(), *speech_with_gaps(35.0), VADUserStoppedSpeakingFrame(stop_secs=0.4)]
+    down, _ = await run_test(Pipeline([stt, FinalSeen()]), frames_to_send=[*frames, AwaitFinal()])
+    finals = [f.text for f in down if isinstance(f, TranscriptionFrame)]
+    assert len(finals) == len(engine.segments) == 4 and stt.long_turn_cuts == 3  # each cut within 2 s of 10 s
+    assert finals == [f"segment {n}" + t.split(f"segment {n}")[1] for n, t in enumerate(finals, 1)]  # in order
+    assert all(len(s) <= 10 * 32_000 for s in engine.segments)
+    assert sum(len(s) for s in engine.segments) == 35 * 32_000  # nothing lost, nothing twice
+    for segment in engine.segments[:-1]:  # each cut in a quiet frame, not through a loud one
+        assert segment[-2:] == b"\x00\x00"
+    assert len(stt._audio_buffer) == 0

@@ -28,6 +28,21 @@ def test_a_turn_records_each_stage_once_relative_to_end_of_speech():
     assert (turn.user_text, turn.reply_text, turn.interrupted) == ("what time is it", "It is noon.", False)
 
 
+def test_a_long_turns_parts_go_to_the_turn_they_belong_to_in_order_and_move_no_stage():
+    timeline = TurnTimeline()
+    timeline.user_stopped_speaking(100.0)
+    run_reply(timeline, 100.0)  # an answered turn is open while the next one is spoken
+    timeline.transcript_part("first part")  # cut from the next turn while the caller talks on
+    timeline.transcript_part("second part")
+    assert timeline.current.user_text == "what time is it"  # not the answered turn's
+    turn = timeline.user_stopped_speaking(200.0)
+    timeline.transcript_part("third part")  # the last cut's transcript, after the turn ended
+    assert turn.stage_at == {}  # parts move no stage: the reply waits for the turn's transcript
+    timeline.transcript("and the end", 200.4)
+    assert turn.user_text == "first part second part third part and the end"
+    assert turn.stage_ms() == {"asr_final": 400.0}
+
+
 def test_a_pause_before_any_reply_keeps_one_turn_and_moves_end_of_speech():
     timeline = TurnTimeline()
     timeline.user_stopped_speaking(10.0)

@@ -1,0 +1,100 @@
+"""Chaos scenario: a caller who talks for minutes without a pause, against a running server.
+
+One phone call speaks a long text, synthesized and looped to `minutes`, at the phone's real-time
+pace, with no pause long enough to end a turn. The server must cut the turn into windows
+Whisper can take (limits.max_user_turn_seconds, 30 s) and transcribe each, so the stored turn
+holds the caller's words from the whole monologue, not only its last 30 s; its memory must stay
+bounded (sampled from /metrics while the caller talks), and the reply must still come: the
+LLM's prompt fits its context however long the turn. `run` returns the figures; chaos.py judges.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import re
+import time
+
+import httpx
+import numpy as np
+
+from latency_bench import twilio_caller
+from latency_bench.chaos_admission import ws_url
+from latency_bench.chaos_vanishing import process_figures, settle
+from latency_bench.conversation import PlannedTurn
+from latency_bench.speech import available_voices, speak_as
+
+# No sentence ends: a full stop is a pause in espeak-ng, and a pause could end the turn.
+MONOLOGUE = (
+    "so I was telling my neighbour about the garden and how the tomatoes came up early this year "
+    "because of the warm spring and then the beans climbed all the way up the fence and the "
+    "squirrels kept digging in the pots every morning while the cat just watched them from the "
+    "window and my brother said I should put a net over everything but I think the birds would "
+    "get caught in it so instead I planted some marigolds around the edges and watered them "
+    "twice a day and now the whole corner smells like summer and the kids from next door come "
+    "over to pick strawberries after school"
+)
+WORD_GAP_S = 0.06  # between the looped passes: a breath, far shorter than any turn-ending pause
+SAMPLE_EVERY_S = 10.0
+_CUTS = re.compile(r"^cadence_long_turn_cut_seconds_count(?:\{[^}]*\})? ([0-9.e+]+)$", re.MULTILINE)
+_CUT_MAX_BUCKET = re.compile(r'^cadence_long_turn_cut_seconds_bucket\{le="30.0"\} ([0-9.e+]+)$', re.MULTILINE)
+
+
+def monologue(seconds: float) -> tuple[np.ndarray, int, int]:
+    """(int16 samples, rate, words spoken): MONOLOGUE looped to `seconds`."""
+    samples, rate = speak_as(MONOLOGUE, available_voices()[0])
+    gap = np.zeros(int(WORD_GAP_S * rate), dtype=np.int16)
+    passes = max(1, int(np.ceil(seconds / (len(samples) / rate + WORD_GAP_S))))
+    audio = np.concatenate([np.concatenate([samples, gap]) for _ in range(passes)])[: int(seconds * rate)]
+    words = round(len(MONOLOGUE.split()) * len(audio) / (passes * (len(samples) + len(gap))))
+    return audio, rate, words
+
+
+async def _cut_figures(http: httpx.AsyncClient) -> tuple[float, float]:
+    text = (await http.get("/metrics")).text
+    count = sum(float(v) for v in _CUTS.findall(text))
+    within = sum(float(v) for v in _CUT_MAX_BUCKET.findall(text))
+    return count, within
+
+
+async def _sample_memory(http: httpx.AsyncClient, peaks: list[float], stop: asyncio.Event) -> None:
+    while not stop.is_set():
+        peaks.append((await process_figures(http))["rss_mb"])
+        try:
+            await asyncio.wait_for(stop.wait(), SAMPLE_EVERY_S)
+        except TimeoutError:
+            pass
+
+
+async def run(base_url: str, *, minutes: float) -> dict:
+    audio, rate, words_spoken = monologue(minutes * 60)
+    plan = [PlannedTurn.of(audio, rate, MONOLOGUE)]
+    async with httpx.AsyncClient(base_url=base_url, timeout=30) as http:
+        await settle(base_url)
+        before = await process_figures(http)
+        cuts_before, within_before = await _cut_figures(http)
+        peaks: list[float] = []
+        stop = asyncio.Event()
+        sampler = asyncio.create_task(_sample_memory(http, peaks, stop))
+        started = time.monotonic()
+        try:
+            result = await twilio_caller.call(f"{ws_url(base_url)}/ws/twilio", plan, reply_timeout_s=120)
+        finally:
+            stop.set()
+            await sampler
+        call_s = time.monotonic() - started
+        cuts_after, within_after = await _cut_figures(http)
+        stored = (await http.get("/api/calls", params={"external_id": result.call_sid})).json()["calls"]
+        detail = (await http.get(f"/api/calls/{stored[0]['id']}")).json() if stored else {}
+    turns = detail.get("turns", [])
+    heard_words = sum(len((t.get("user_text") or "").split()) for t in turns)
+    caller_turn = result.turns[0] if result.turns else None
+    return {"minutes": minutes, "speech_seconds": round(len(audio) / rate, 1), "words_spoken": words_spoken,
+            "call_seconds": round(call_s, 1), "cuts": cuts_after - cuts_before,
+            "cuts_within_30s": within_after - within_before,
+            "stored_turns": len(turns), "words_transcribed": heard_words,
+            "reply_heard": bool(caller_turn and caller_turn.first_audible_at),
+            "ttfs_ms": caller_turn.ttfs_ms if caller_turn else None,
+            "reply_text": (turns[-1].get("reply_text") or "")[:200] if turns else "",
+            "rss_before_mb": round(before["rss_mb"], 1), "rss_peak_mb": round(max(peaks, default=before["rss_mb"]), 1),
+            "rss_growth_mb": round(max(peaks, default=before["rss_mb"]) - before["rss_mb"], 1),
+            "close_code": result.close_code, "error": result.error}

@@ -74,6 +74,9 @@ class CallLimits:
     # Malformed or unknown inbound messages tolerated per call before it is closed (1008).
     max_bad_messages: int = 50
     max_user_turn_seconds: float = 30.0  # Whisper's window; longer turns are cut and transcribed
+    # How far a caller's audio may run ahead of the clock (a jitter buffer, a pre-roll); more is
+    # refused and counted as a bad message: an hour of audio sent in seconds would all be queued.
+    max_audio_ahead_seconds: float = 10.0
     # A phone socket must send Twilio's `start` this long after it connects, or it is closed
     # (1008). A real provider sends it within a second; the slot waits for no one longer.
     handshake_timeout_seconds: float = 5.0
@@ -239,6 +242,7 @@ def _validate(config: CadenceConfig) -> None:
         (config.server.max_ws_message_bytes >= 1024, "server.max_ws_message_bytes must be >= 1024"),
         (config.limits.max_call_seconds > 0, "limits.max_call_seconds must be > 0"),
         (0 < config.limits.max_user_turn_seconds <= 30, "limits.max_user_turn_seconds must be in (0, 30]"),
+        (config.limits.max_audio_ahead_seconds >= 1, "limits.max_audio_ahead_seconds must be >= 1"),
         (0 < config.limits.handshake_timeout_seconds <= 60, "limits.handshake_timeout_seconds must be in (0, 60]"),
         (0 < config.server.request_header_timeout_seconds <= 60,
          "server.request_header_timeout_seconds must be in (0, 60]"),

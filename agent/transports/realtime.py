@@ -29,6 +29,7 @@ from agent.errors import CadenceError, CapacityError, NotFoundError, SessionLimi
 from agent.http_util import error_for
 from agent.metrics import CadenceMetrics
 from agent.transports import closing
+from agent.transports.audio_pace import AudioPace
 from agent.transports.realtime_session import RealtimeSession
 from models.base import ASREngine
 from pipelines.speech_events import SpeechEventObserver
@@ -103,6 +104,7 @@ async def _run_session(websocket: WebSocket, call: ActiveCall, *, manager: CallM
     session = RealtimeSession(call, asr=asr, model=call.agent.name,
                               max_buffer_seconds=config.limits.max_user_turn_seconds,
                               vad_start_secs=config.vad.start_secs, on_bad_event=on_bad_event,
+                              pace=AudioPace(config.limits.max_audio_ahead_seconds),
                               on_stalled=lambda: later(_close(websocket, call, manager, CLOSE_POLICY,
                                                               "client is not reading events", "client_not_reading")),
                               on_truncated=lambda turn: manager.turn_changed(call, turn))

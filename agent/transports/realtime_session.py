@@ -31,6 +31,7 @@ from starlette.websockets import WebSocketDisconnect
 
 from agent.calls import ActiveCall
 from agent.errors import CadenceError
+from agent.transports.audio_pace import AudioPace
 from agent.transports.realtime_audio import InboundAudio, OutboundAudio
 from agent.transports.realtime_conversation import RealtimeConversation
 from agent.transports.realtime_protocol import (
@@ -51,7 +52,7 @@ MIN_COMMIT_MS = 100
 
 class RealtimeSession:
     def __init__(self, call: ActiveCall, *, asr: ASREngine, model: str, max_buffer_seconds: float,
-                 vad_start_secs: float, on_bad_event: Callable[[CadenceError], None],
+                 vad_start_secs: float, pace: AudioPace, on_bad_event: Callable[[CadenceError], None],
                  on_stalled: Callable[[], None], on_truncated: Callable[[object], None]) -> None:
         self.conversation = RealtimeConversation()
         self._call = call
@@ -59,6 +60,7 @@ class RealtimeSession:
         self._model = model
         self._max_buffer_bytes = int(max_buffer_seconds * 16_000 * 2)  # manual mode keeps 16 kHz PCM16
         self._vad_start_ms = vad_start_secs * 1000.0
+        self._pace = pace  # server VAD: audio goes straight into the pipeline, as fast as it comes
         self._on_bad_event = on_bad_event
         self._on_stalled = on_stalled
         self._on_truncated = on_truncated  # a stored turn's reply was cut to what was heard
@@ -180,7 +182,12 @@ class RealtimeSession:
         if audio_format == "pcm16" and len(audio) % 2:
             raise RealtimeProtocolError("audio/pcm must be whole 16-bit samples (an even number of bytes)",
                                         code="invalid_value", param="audio", event_id=client_event_id(event))
-        self._input_ms += audio_duration_ms(len(audio), audio_format)
+        duration_ms = audio_duration_ms(len(audio), audio_format)
+        if self.conversation.settings.server_vad and not self._pace.admit(duration_ms / 1000):
+            raise RealtimeProtocolError(f"audio is arriving faster than it is spoken (over {self._pace.max_ahead_s:g} s "
+                                        "ahead of real time); this append was dropped", code="rate_limited",
+                                        param="audio", event_id=client_event_id(event))
+        self._input_ms += duration_ms
         pcm = self._inbound.convert(audio, audio_format)
         if not pcm:
             return None

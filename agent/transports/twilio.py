@@ -22,10 +22,11 @@ from pipecat.transports.websocket.fastapi import FastAPIWebsocketParams, FastAPI
 from agent.access import Gatekeeper, phone_socket_urls, refusal_reason
 from agent.calls import ActiveCall, CallManager
 from agent.config import CadenceConfig
-from agent.errors import (BadInputError, CapacityError, ForbiddenError, NotFoundError, SessionLimitError,
+from agent.errors import (BadInputError, BadMediaError, CapacityError, ForbiddenError, NotFoundError, SessionLimitError,
                           UnauthorizedError)
 from agent.metrics import CadenceMetrics
 from agent.transports import closing
+from agent.transports.audio_pace import AudioPace
 from agent.transports import twilio_protocol as proto
 
 log = logging.getLogger(__name__)
@@ -49,10 +50,11 @@ class GuardedTwilioSerializer(TwilioFrameSerializer):
     """
 
     def __init__(self, stream_sid: str, call_sid: str | None, *, on_bad_input: Callable[[BadInputError], None],
-                 on_stop: Callable[[], None]) -> None:
+                 on_stop: Callable[[], None], pace: AudioPace) -> None:
         super().__init__(stream_sid, call_sid, params=TwilioFrameSerializer.InputParams(auto_hang_up=False))
         self._on_bad_input = on_bad_input
         self._on_stop = on_stop
+        self._pace = pace
 
     async def deserialize(self, data: str | bytes) -> Frame | None:
         try:
@@ -66,6 +68,9 @@ class GuardedTwilioSerializer(TwilioFrameSerializer):
 
     async def _to_frame(self, event: proto.TwilioEvent) -> Frame | None:
         if isinstance(event, proto.Media):
+            if not self._pace.admit(len(event.mulaw) / PHONE_SAMPLE_RATE):
+                raise BadMediaError(f"audio is arriving faster than it is spoken (over {self._pace.max_ahead_s:g} s "
+                                    "ahead); this frame was dropped")
             pcm = await ulaw_to_pcm(event.mulaw, PHONE_SAMPLE_RATE, self._sample_rate, self._input_resampler)
             return InputAudioRawFrame(audio=pcm, num_channels=1, sample_rate=self._sample_rate) if pcm else None
         if isinstance(event, proto.Dtmf):
@@ -162,6 +167,7 @@ async def _run_call(websocket: WebSocket, call: ActiveCall, start: proto.Start, 
     serializer = GuardedTwilioSerializer(
         start.stream_sid, start.call_sid, on_bad_input=on_bad_input,
         on_stop=lambda: later(manager.hang_up(call, "caller_hung_up")),
+        pace=AudioPace(config.limits.max_audio_ahead_seconds),
     )
     transport = FastAPIWebsocketTransport(
         closing.for_call(websocket, call, max_call_s=config.limits.max_call_seconds),

@@ -40,6 +40,8 @@ def engines():
 def server(server_config, engines):
     config = replace(server_config, limits=replace(server_config.limits, max_user_turn_seconds=TURN_LIMIT_S),
                      llm=replace(server_config.llm, max_dialogue_chars=DIALOGUE_CHARS))
+    # Sent at 4x real time, as a test must: the allowance for audio ahead of the clock covers it.
+    config = replace(config, limits=replace(config.limits, max_audio_ahead_seconds=SPEECH_S))
     with running_server(config, engines) as running:
         yield running
 

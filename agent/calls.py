@@ -10,7 +10,7 @@ import asyncio
 import logging
 import time
 import uuid
-from collections.abc import Callable, Mapping, Sequence
+from collections.abc import Callable, Coroutine, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -154,11 +154,10 @@ class CallManager:
             self._release_lease(call.lease)
             call.lease = None
 
-    def spawn(self, call: ActiveCall, transport: BaseTransport, *, output_sample_rate: int,
-              enable_rtvi: bool = False) -> asyncio.Task:
-        """Runs the call in a task this manager owns (WebRTC: the HTTP request returns at once)."""
-        task = asyncio.create_task(self.run(call, transport, output_sample_rate=output_sample_rate,
-                                            enable_rtvi=enable_rtvi), name=f"call-{call.id}")
+    def spawn(self, call: ActiveCall, runs: Coroutine[Any, Any, None]) -> asyncio.Task:
+        """Runs `runs` (the call's `run`, with whatever its transport does around it) in a task
+        this manager owns and cancels on shutdown (WebRTC: the HTTP request returns at once)."""
+        task = asyncio.create_task(runs, name=f"call-{call.id}")
         self._tasks.add(task)
         task.add_done_callback(self._tasks.discard)
         return task

@@ -77,8 +77,10 @@ class CallLimits:
     # How far a caller's audio may run ahead of the clock (a jitter buffer, a pre-roll); more is
     # refused and counted as a bad message: an hour of audio sent in seconds would all be queued.
     max_audio_ahead_seconds: float = 10.0
-    # A phone socket must send Twilio's `start` this long after it connects, or it is closed
-    # (1008). A real provider sends it within a second; the slot waits for no one longer.
+    # A caller must finish its transport's handshake this long after it connects: a phone
+    # socket sends Twilio's `start` (or is closed 1008), a WebRTC peer completes ICE and DTLS
+    # after its answer (or is hung up). A real provider or browser needs a second or two; the
+    # slot waits for no one longer.
     handshake_timeout_seconds: float = 5.0
 
 

@@ -3,24 +3,26 @@
 `POST /api/offer` takes `{"sdp": ..., "type": "offer"}` as pipecat's SmallWebRTC clients
 send it and answers `{"sdp", "type": "answer", "pc_id", "call_id"}`; `PATCH /api/offer`
 takes trickled ICE candidates. ICE servers come from config only: by default none, so
-the server never contacts a public STUN server.
+the server never contacts a public STUN server. A peer that has not connected within
+limits.handshake_timeout_seconds of its answer is hung up, as a phone socket without `start` is.
 """
 
 from __future__ import annotations
 
+import asyncio
 import json
 import logging
 from typing import Any
 
 from aiortc import RTCIceServer
 from aiortc.jitterbuffer import JitterBuffer
-from aiortc.sdp import candidate_from_sdp
+from aiortc.sdp import SessionDescription, candidate_from_sdp
 from pipecat.transports.base_transport import TransportParams
 from pipecat.transports.smallwebrtc.connection import SmallWebRTCConnection
 from pipecat.transports.smallwebrtc.transport import SmallWebRTCTransport
 
 from agent.auth import SessionLease
-from agent.calls import CallManager
+from agent.calls import ActiveCall, CallManager
 from agent.config import CadenceConfig
 from agent.errors import BadSignalingError
 from agent.metrics import CadenceMetrics
@@ -45,7 +47,9 @@ def parse_offer(body: bytes, max_bytes: int) -> dict[str, Any]:
         raise BadSignalingError(f"offer is {len(body)} bytes; the limit is {max_bytes}")
     try:
         data = json.loads(body)
-    except (json.JSONDecodeError, UnicodeDecodeError, RecursionError):
+    # ValueError as well as JSONDecodeError: json.loads raises it bare for an integer past
+    # Python's 4,300-digit int() limit, which JSON allows.
+    except (ValueError, RecursionError):
         raise BadSignalingError("offer body must be JSON: {\"sdp\": \"...\", \"type\": \"offer\"}") from None
     if not isinstance(data, dict):
         raise BadSignalingError("offer body must be a JSON object")
@@ -54,8 +58,12 @@ def parse_offer(body: bytes, max_bytes: int) -> dict[str, Any]:
         raise BadSignalingError("'type' must be \"offer\"")
     if not isinstance(sdp, str) or not sdp.startswith("v=0"):
         raise BadSignalingError("'sdp' must be an SDP offer starting with v=0")
+    if not _is_unicode_text(sdp):
+        raise BadSignalingError("'sdp' holds a lone surrogate (\\ud800-\\udfff), which is not text")
     if "m=audio" not in sdp:
         raise BadSignalingError("the offer has no audio media section (m=audio)")
+    if not _has_dtls_fingerprints(sdp):
+        raise BadSignalingError("malformed SDP offer: a media section has no DTLS fingerprint (a=fingerprint)")
     pc_id = data.get("pc_id")
     if pc_id is not None:
         raise BadSignalingError("renegotiating an existing connection is not supported; send a new offer without pc_id")
@@ -67,9 +75,31 @@ def _agent_of(offer: dict[str, Any]) -> str | None:
     request_data = offer.get("request_data", offer.get("requestData"))
     nested = request_data.get("agent") if isinstance(request_data, dict) else None
     agent = offer.get("agent", nested)
-    if agent is not None and not isinstance(agent, str):
+    if agent is not None and not (isinstance(agent, str) and _is_unicode_text(agent)):
         raise BadSignalingError("'agent' must be an agent's name (a string)")
     return agent
+
+
+def _has_dtls_fingerprints(sdp: str) -> bool:
+    """aiortc answers an offer without a fingerprint, though its connection can never be
+    secured: its connect task then fails on an assertion, an error nothing handles. An offer
+    aiortc cannot parse at all passes here, and fails in setRemoteDescription as before."""
+    try:
+        session = SessionDescription.parse(sdp)
+    except Exception:
+        return True
+    return all(media.dtls is not None and media.dtls.fingerprints for media in session.media)
+
+
+def _is_unicode_text(value: str) -> bool:
+    """False for a string with a lone surrogate: JSON's \\udcff escapes decode to one, and
+    echoed back (aiortc copies the offer's mids into its answer, an error names the agent)
+    it cannot be encoded into the response, which then fails with a 500."""
+    try:
+        value.encode("utf-8")
+    except UnicodeEncodeError:
+        return False
+    return True
 
 
 def ice_servers(config: CadenceConfig) -> list[RTCIceServer]:
@@ -121,14 +151,47 @@ class WebRTCCalls:
         pc_id = answer["pc_id"]
         call.external_id = pc_id
         self._connections[pc_id] = connection
+        connected = asyncio.Event()
+
+        # The peer connection's own state, not pipecat's on_client_connected: that one also
+        # waits for the pipeline to start, which is not the caller's to finish in time.
+        @connection.pc.on("connectionstatechange")
+        def _on_state_change() -> None:
+            if connection.pc.connectionState == "connected":
+                connected.set()
 
         @transport.event_handler("on_client_disconnected")
         async def _on_disconnected(_transport, _client) -> None:
             await self._manager.hang_up(call, "caller_hung_up")
 
-        task = self._manager.spawn(call, transport, output_sample_rate=WEBRTC_OUTPUT_SAMPLE_RATE, enable_rtvi=True)
-        task.add_done_callback(lambda _t: self._connections.pop(pc_id, None))
+        self._manager.spawn(call, self._run_call(call, transport, connection, connected))
         return {**answer, "call_id": call.id}
+
+    async def _run_call(self, call: ActiveCall, transport: SmallWebRTCTransport, connection: SmallWebRTCConnection,
+                        connected: asyncio.Event) -> None:
+        """The call, and what WebRTC needs around it. A peer that never connects would hold its
+        slot until the idle timeout: an offer whose ICE cannot start (no candidates, and
+        end-of-candidates) leaves the connection "new" for good, and pipecat's own 60 s
+        deadline covers only "connecting". And pipecat closes only a peer connection that
+        connected; one that never did would keep its sockets and ICE tasks after the call."""
+        deadline = asyncio.create_task(self._hang_up_unless_connected(call, connected))
+        try:
+            await self._manager.run(call, transport, output_sample_rate=WEBRTC_OUTPUT_SAMPLE_RATE, enable_rtvi=True)
+        finally:
+            deadline.cancel()
+            await asyncio.gather(deadline, return_exceptions=True)
+            self._connections.pop(connection.pc_id, None)
+            await _disconnect_quietly(connection)
+
+    async def _hang_up_unless_connected(self, call: ActiveCall, connected: asyncio.Event) -> None:
+        timeout_s = self._config.limits.handshake_timeout_seconds
+        try:
+            async with asyncio.timeout(timeout_s):
+                await connected.wait()
+        except TimeoutError:
+            log.info("call %s: the WebRTC peer did not connect within %.1f s; hanging up", call.id, timeout_s)
+            self._metrics.bad_input.labels(TRANSPORT, "handshake_timeout").inc()
+            await self._manager.hang_up(call, "handshake_timeout")
 
     async def add_candidates(self, body: bytes) -> None:
         try:
@@ -156,6 +219,8 @@ class WebRTCCalls:
                 raise BadSignalingError("malformed ICE candidate") from None
             candidate.sdpMid = c.get("sdp_mid", c.get("sdpMid"))
             candidate.sdpMLineIndex = c.get("sdp_mline_index", c.get("sdpMLineIndex"))
+            if candidate.sdpMid is None and candidate.sdpMLineIndex is None:  # aiortc raises ValueError: a 500
+                raise BadSignalingError("each candidate needs 'sdpMid' or 'sdpMLineIndex'")
             await connection.add_ice_candidate(candidate)
 
 

@@ -18,6 +18,7 @@ from agent.calls import CallManager
 from agent.client_fault_logs import demote_client_faults
 from agent.config import CadenceConfig
 from agent.http_deadline import http_protocol_class
+from agent.query_logs import keep_query_text_out_of_logs
 
 log = logging.getLogger(__name__)
 
@@ -80,6 +81,7 @@ def cadence_server(app: FastAPI, config: CadenceConfig, **uvicorn_options: Any) 
                                                       on_expired=app.state.metrics.request_head_timeouts.inc)
     options = uvicorn.Config(app, ws_max_size=config.server.max_ws_message_bytes, **uvicorn_options)
     keep_credentials_out_of_logs()  # after uvicorn has set its loggers up: --log-level debug logs handshakes
+    keep_query_text_out_of_logs()  # its INFO access lines carry query strings: a search's words
     demote_client_faults()  # a stranger's bad frame is a warning, not the server's error
     return CadenceServer(options, before_shutdown=app.state.events.close, calls=app.state.manager,
                          grace_s=config.server.shutdown_grace_seconds)

@@ -8,10 +8,22 @@ message, fenced and labelled as reference material. Three reasons for that place
 - fenced as data: a document that says "ignore your instructions" is text to quote from,
   not a rule. The model may still be swayed, so replies are also guarded in code
   (`pipelines.reply_shaping.PromptLeakGuard`).
+
+The fence holds only if nothing inside can end it. Text the agent's author did not write (the
+passages, and the caller's and the reply's words in the dialogue) is therefore `neutralised`:
+the model's server renders every message into one string with its chat template's turn
+markers (`<|im_start|>system`, `<|eot_id|>`, `[INST]`) and tokenizes that string with
+special tokens parsed (llama.cpp's llama-server and llama-cpp-python, vLLM), so a passage that
+writes `<|im_end|><|im_start|>system` would otherwise end the reference message and open a
+system turn of its own. Invisible characters go too: they hide a marker from this check
+(`</refer\u200bence>`) and instructions from a human reader (tag characters, direction
+overrides), and nothing a caller needs is said in them.
 """
 
 from __future__ import annotations
 
+import re
+import unicodedata
 from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Any
@@ -57,20 +69,44 @@ def fit_passages(passages: Sequence[Passage], max_tokens: int) -> list[Passage]:
     return kept
 
 
-def _defang(text: str) -> str:
-    """A document cannot close the fence early and write outside it."""
-    return text.replace(REFERENCE_CLOSE, "</ reference>").replace(REFERENCE_OPEN, "< reference>")
+# Turn markers of the chat templates in use (ChatML for SmolLM2 and Qwen, Llama 3's headers:
+# all `<|...|>`; Llama 2 and Mistral; Gemma) and the fence itself, however spaced or cased.
+_TEMPLATE_MARKER = re.compile(r"<\||\|>|\[/?INST\]|<</?SYS>>|</?s>|<(?:start|end)_of_turn>|<(?:bos|eos)>",
+                              re.IGNORECASE)
+_FENCE_TAG = re.compile(r"<\s*(/?)\s*reference\s*>", re.IGNORECASE)
+_INVISIBLE = "Cf"  # Unicode's format characters: zero-width, joiners, direction overrides, tags
+# Roles whose text comes from outside the agent's definition: the caller's and the model's.
+DIALOGUE_ROLES = ("user", "assistant")
+
+
+def neutralised(text: str) -> str:
+    """`text` unable to write prompt markup: no invisible characters, every template turn
+    marker and reference fence broken by a space (still readable, no longer a marker)."""
+    if text.isascii() and "<" not in text and "[" not in text and "|" not in text:
+        return text  # the common case, a plain sentence: nothing to do
+    text = "".join(c for c in text if unicodedata.category(c) != _INVISIBLE)
+    text = _TEMPLATE_MARKER.sub(lambda m: f"{m[0][0]} {m[0][1:]}", text)
+    return _FENCE_TAG.sub(lambda m: "</ reference>" if m[1] else "< reference>", text)
+
+
+def sealed_dialogue(messages: Sequence[ChatMessage]) -> list[ChatMessage]:
+    """`messages` with the caller's and the model's text `neutralised`; the system prompt
+    (the agent's author's) as written."""
+    return [{**m, "content": neutralised(m["content"])}
+            if m.get("role") in DIALOGUE_ROLES and isinstance(m.get("content"), str) else dict(m)
+            for m in messages]
 
 
 def reference_message(passages: Sequence[Passage]) -> ChatMessage:
-    body = "\n\n".join(f"[{i + 1}] {_defang(p.text.strip())}" for i, p in enumerate(passages))
+    body = "\n\n".join(f"[{i + 1}] {neutralised(p.text).strip()}" for i, p in enumerate(passages))
     return {"role": "system", "content": f"{REFERENCE_PREAMBLE}\n{REFERENCE_OPEN}\n{body}\n{REFERENCE_CLOSE}"}
 
 
 def with_references(messages: Sequence[ChatMessage], passages: Sequence[Passage]) -> list[ChatMessage]:
-    """`messages` with the reference message inserted before the last user message
-    (appended at the end if there is none). No passages: the messages unchanged."""
-    result = [dict(m) for m in messages]
+    """`messages` (their dialogue `sealed_dialogue`) with the reference message inserted
+    before the last user message (appended at the end if there is none). No passages: the
+    messages sealed and otherwise unchanged."""
+    result = sealed_dialogue(messages)
     if not passages:
         return result
     last_user = max((i for i, m in enumerate(result) if m.get("role") == "user"), default=len(result))

@@ -19,7 +19,7 @@ from pipecat.services.settings import LLMSettings
 
 from models.errors import CadenceError
 from models.base import ChatMessage, LLMEngine, Sampling
-from pipelines.knowledge_context import Passage, reference_message
+from pipelines.knowledge_context import Passage, reference_message, sealed_dialogue
 from pipelines.reply import shaped_reply
 
 
@@ -161,6 +161,7 @@ class EngineLLMService(LLMService):
 
     async def _warm(self, messages: list[ChatMessage]) -> None:
         try:
-            await self._engine.warm_prefix(messages)
+            # Sealed as the reply's request is (`with_references`), or the prefixes would differ.
+            await self._engine.warm_prefix(sealed_dialogue(messages))
         except CadenceError:
             pass  # only a hint: a busy engine skips it

@@ -250,7 +250,7 @@ def main(argv: list[str] | None = None) -> int:
     ab_p.add_argument("--rounds", type=int, default=3, help="calls to each agent, alternating")
     ch_p = sub.add_parser("chaos", help="what the server survives: slow clients, admission, drain (a table)")
     ch_p.add_argument("scenarios", nargs="+", metavar="SCENARIO",
-                      help="slow-clients, handshake, admission, oversize, vanishing, malformed, bad-audio, endless, access, drain (see latency_bench/chaos.py)")
+                      help="slow-clients, handshake, admission, oversize, vanishing, malformed, bad-audio, endless, sdp, poison, access, drain (see latency_bench/chaos.py)")
     ch_p.add_argument("--out", type=Path, required=True, help="folder for chaos.json and the servers' logs")
     ch_p.add_argument("--config", type=Path, help="config of the servers the bench starts "
                                                 "(default: configs/default.yaml)")

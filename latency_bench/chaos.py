@@ -26,6 +26,10 @@ on loopback that the bench starts itself; every scenario is bounded in count and
     endless       a caller who talks for 10 minutes without a pause: the turn cut (and each part
                   transcribed) every 30 s at most, memory +64 MB at most while they talk, and the
                   reply still comes (the prompt fits the model's context)
+    sdp           20,000 mutated WebRTC offers: every answer 4xx within 200 ms (or an answered call
+                  that ends when hung up), 0 5xx, no peer connection or socket left behind
+    poison        40 injection documents and 160 poisoned caller turns against two agents with
+                  canaries: 0 canary leaks, 0 cross-agent passages, no caller secret in the logs
     access        missing, wrong, expired, reused and alg:none credentials and a foreign Origin
                   on every route that starts a call or changes an agent (taken from the server's
                   own route list): 100 % refused, a valid key accepted; no secret in the log
@@ -41,7 +45,8 @@ import asyncio
 from dataclasses import dataclass
 from pathlib import Path
 
-from latency_bench import (chaos_access, chaos_admission, chaos_bad_audio, chaos_drain, chaos_endless, chaos_malformed, chaos_oversize, chaos_slow_clients,
+from latency_bench import (chaos_access, chaos_admission, chaos_bad_audio, chaos_drain, chaos_endless, chaos_malformed,
+                           chaos_poison, chaos_sdp, chaos_oversize, chaos_slow_clients,
                            chaos_vanishing, servers)
 
 SLOW_CLIENTS, SILENT_SOCKETS, BURST_CAP, BURST_EXTRA, DRAIN_CALLS = 200, 200, 4, 50, 10
@@ -50,6 +55,7 @@ VANISHING_CYCLES = 1000
 OVERSIZE_ATTEMPTS, BOMB_BYTES = 200, 64 * 2**20
 WS_LIMIT_BYTES = 16_384  # server.max_ws_message_bytes of configs/default.yaml
 IDLE_TIMEOUT_S = 10.0  # limits.idle_timeout_seconds on the shared server: the silence cases wait it out
+SDP_OFFERS, SDP_CONCURRENCY = 20_000, BURST_CAP - 1  # each worker holds an answered call until it ends
 ENDLESS_MINUTES, TURN_LIMIT_S = 10.0, 30.0  # limits.max_user_turn_seconds of configs/default.yaml
 MALFORMED_MESSAGES, BAD_MESSAGE_BUDGET, MALFORMED_CLEAN_TURNS = 1000, 50, 6  # budget: limits.max_bad_messages
 
@@ -183,6 +189,9 @@ async def _on_shared_server(base_url: str, name: str, log: Path) -> Verdict:
         return judge_vanishing(await chaos_vanishing.run(base_url, cycles=VANISHING_CYCLES))
     if name == "bad-audio":
         return chaos_bad_audio.judge(await chaos_bad_audio.run(base_url, idle_timeout_s=IDLE_TIMEOUT_S, log=log))
+    if name == "sdp":
+        return Verdict(**chaos_sdp.judge(await chaos_sdp.run(base_url, offers=SDP_OFFERS, concurrency=SDP_CONCURRENCY,
+                                                             seed=0)))
     if name == "endless":
         return judge_endless(await chaos_endless.run(base_url, minutes=ENDLESS_MINUTES))
     if name == "malformed":
@@ -192,8 +201,9 @@ async def _on_shared_server(base_url: str, name: str, log: Path) -> Verdict:
     return judge_admission(await chaos_admission.run_burst(base_url, cap=BURST_CAP, extra=BURST_EXTRA))
 
 
-SCENARIOS = ("slow-clients", "handshake", "admission", "oversize", "vanishing", "malformed", "bad-audio", "endless", "access", "drain")
-OWN_SERVER = ("access", "drain")  # each starts a server of its own (an operator key; a SIGTERM)
+SCENARIOS = ("slow-clients", "handshake", "admission", "oversize", "vanishing", "malformed", "bad-audio", "endless", "sdp", "poison", "access",
+             "drain")
+OWN_SERVER = ("poison", "access", "drain")  # each starts a server of its own (INFO logs; a key; a SIGTERM)
 
 
 def run(names: list[str], out: Path, *, config: Path = servers.DEFAULT_CONFIG) -> list[Verdict]:
@@ -209,6 +219,9 @@ def run(names: list[str], out: Path, *, config: Path = servers.DEFAULT_CONFIG) -
         with servers.cadence(out / "server", max_calls=BURST_CAP, config=config, settings=settings) as base_url:
             for name in shared:
                 verdicts.append(asyncio.run(_on_shared_server(base_url, name, out / "server" / "cadence.log")))
+    if "poison" in names:
+        with chaos_poison.server(out / "poison", config=config) as (base_url, read_logs):
+            verdicts.append(chaos_poison.judge(asyncio.run(chaos_poison.run(base_url, read_logs=read_logs))))
     if "access" in names:
         with chaos_access.server(out / "access", config=config) as (base_url, key, log):
             verdicts.append(chaos_access.judge(asyncio.run(chaos_access.run(base_url, key=key,

@@ -168,8 +168,11 @@ class CallManager:
         try:
             await self._store.call_started(call.id, call.agent.name, call.transport, call.started_at,
                                            call.external_id)
-            call.voice = build_voice_call(
-                transport, engines=self._engines, config=self._config, agent=call.agent,
+            # Built off the event loop: a pipeline's construction (a Silero ONNX session of its own,
+            # the processors) takes 100-300 ms on 2 cores, and every other call's audio and every
+            # handshake waited that long (found by the chaos bench: sdp, oversize).
+            call.voice = await asyncio.to_thread(
+                build_voice_call, transport, engines=self._engines, config=self._config, agent=call.agent,
                 output_sample_rate=output_sample_rate, on_turn_closed=lambda turn: self._turn_closed(call, turn),
                 search=self._search_for(call.agent),
                 on_retrieval_miss=lambda reason: self._metrics.retrieval_misses.labels(reason).inc(),

@@ -197,7 +197,8 @@ REALTIME_CASES = (
          lambda m: BadAudio(chop(b"".join(opus_packets(m.speech_at(REALTIME_RATE), REALTIME_RATE)), PCM16_FRAME,
                                  m.frames))),
     Case("realtime", "format_switch_mid_stream", ANSWERED,
-         "switches to audio/pcmu mid-stream but goes on sending PCM16 (6x the audio per append)",
+         "switches to audio/pcmu mid-stream but goes on sending PCM16 (6x the audio per append: past "
+         "limits.max_audio_ahead_seconds, refused as rate_limited)",
          lambda m: BadAudio(chop(_pcm16(m.speech_at(REALTIME_RATE)), PCM16_FRAME, m.frames),
                             before=(_declare({"type": "audio/pcmu"}),), good_format="pcmu")),
     Case("realtime", "silence_to_idle_timeout", IDLE_TIMEOUT, "PCM16 silence until the server gives up",

@@ -144,7 +144,7 @@ def judge_malformed(f: dict) -> Verdict:
                    f"{answers.get('closed', 0)} closes {codes}, {answers.get('dropped', 0)} dropped within the "
                    f"budget, {answers.get('accepted', 0)} read as valid (lenient types); {wrong} unanswered or "
                    f"wrong; slowest answer {slowest} ms; {len(f['errors_logged'])} errors logged; clean call TTFS "
-                   f"p95 {base} -> {along} ms"
+                   f"p95 {base or 0:.0f} -> {along or 0:.0f} ms"
                    + (f" ({ttfs_change:+.0f} %)" if ttfs_change is not None else ""), passed, f)
 
 
@@ -158,7 +158,8 @@ def judge_endless(f: dict) -> Verdict:
                               "+64 MB at most, the reply still heard",
                    f"{f['cuts']:.0f} cuts ({f['cuts_within_30s']:.0f} within {TURN_LIMIT_S:g} s) in "
                    f"{f['speech_seconds']:g} s; {f['words_transcribed']} of {f['words_spoken']} words in the stored "
-                   f"turn ({coverage:.0%}); memory {f['rss_growth_mb']:+.1f} MB at its peak; reply "
+                   f"turn ({coverage:.0%}); memory {f['rss_growth_mb']:+.1f} MB at its peak "
+                   f"({f['rss_after_call_mb'] - f['rss_before_mb']:+.1f} MB once the call ended); reply "
                    f"{'heard, TTFS %.0f ms' % f['ttfs_ms'] if f['reply_heard'] and f['ttfs_ms'] else 'NOT heard'}",
                    passed, f)
 

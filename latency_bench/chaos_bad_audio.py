@@ -364,7 +364,10 @@ def shortfalls(f: dict, *, idle_timeout_s: float) -> list[str]:
             short.append(f"the good utterance after it was not answered ({f['good_error']})")
         if f["garbage"] and f["bad_audio_answered"]:
             short.append("the bad audio itself was answered (a hallucination)")
-        if (owed == ERROR_ANSWERED) != (f["error_events"] > 0):
+        # Audio sent faster than it is spoken is refused past limits.max_audio_ahead_seconds
+        # (rate_limited): an answer, not a fault, where a case sends more audio than real time.
+        limited = owed == "answered" and (f["first_error"] or "").startswith("rate_limited")
+        if (owed == ERROR_ANSWERED) != (f["error_events"] > 0) and not limited:
             short.append(f"{f['error_events']} error events ({f['first_error']})")
         if stored.get("end_reason") != "caller_hung_up":
             short.append(f"stored as {stored.get('end_reason')}, not caller_hung_up")

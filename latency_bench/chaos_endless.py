@@ -45,7 +45,7 @@ def monologue(seconds: float) -> tuple[np.ndarray, int, int]:
     gap = np.zeros(int(WORD_GAP_S * rate), dtype=np.int16)
     passes = max(1, int(np.ceil(seconds / (len(samples) / rate + WORD_GAP_S))))
     audio = np.concatenate([np.concatenate([samples, gap]) for _ in range(passes)])[: int(seconds * rate)]
-    words = round(len(MONOLOGUE.split()) * len(audio) / (passes * (len(samples) + len(gap))))
+    words = round(len(MONOLOGUE.split()) * len(audio) / (len(samples) + len(gap)))
     return audio, rate, words
 
 
@@ -83,6 +83,8 @@ async def run(base_url: str, *, minutes: float) -> dict:
             await sampler
         call_s = time.monotonic() - started
         cuts_after, within_after = await _cut_figures(http)
+        await settle(base_url)
+        after = await process_figures(http)
         stored = (await http.get("/api/calls", params={"external_id": result.call_sid})).json()["calls"]
         detail = (await http.get(f"/api/calls/{stored[0]['id']}")).json() if stored else {}
     turns = detail.get("turns", [])
@@ -97,4 +99,5 @@ async def run(base_url: str, *, minutes: float) -> dict:
             "reply_text": (turns[-1].get("reply_text") or "")[:200] if turns else "",
             "rss_before_mb": round(before["rss_mb"], 1), "rss_peak_mb": round(max(peaks, default=before["rss_mb"]), 1),
             "rss_growth_mb": round(max(peaks, default=before["rss_mb"]) - before["rss_mb"], 1),
+            "rss_after_call_mb": round(after["rss_mb"], 1),
             "close_code": result.close_code, "error": result.error}

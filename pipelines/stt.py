@@ -263,7 +263,9 @@ class EngineSTTService(EagerEndOfTurnSTTServiceMixin, SegmentedSTTService):
         del self._audio_buffer[:cut]
         self._drop_speculation()
         self._drop_partial()
-        self._queued.append(_QueuedSegment(self._agreement.committed_text, whole_turn_end=False))
+        # No settled words forced on the part: partials saw the audio past the cut as well, and
+        # words they settled there would be transcribed twice (once here, again in the rest).
+        self._queued.append(_QueuedSegment("", whole_turn_end=False))
         self._agreement.reset()
         self._partial_from_bytes = len(self._audio_buffer)
         self.long_turn_cuts += 1

@@ -29,6 +29,23 @@ def start_event(n: int) -> str:
                                                    "customParameters": {}}})
 
 
+# A WebSocket the server refuses as full is tried again this often, this long apart: the slot of a
+# call that just closed is free only once that call has ended.
+REFUSED_RETRIES, REFUSED_RETRY_S = 50, 0.2
+
+
+async def connect_admitted(base_url: str, path: str, *, open_timeout_s: float = 10.0):
+    """A WebSocket on `path` the server has admitted (/v1/realtime answers 503 while full)."""
+    for _ in range(REFUSED_RETRIES):
+        try:
+            return await websockets.connect(f"{ws_url(base_url)}{path}", open_timeout=open_timeout_s, max_size=2**22)
+        except websockets.InvalidStatus as exc:
+            if exc.response.status_code != 503:
+                raise
+        await asyncio.sleep(REFUSED_RETRY_S)
+    raise RuntimeError(f"{path}: still refused after {REFUSED_RETRIES} tries")
+
+
 def ws_url(base_url: str) -> str:
     return base_url.replace("http://", "ws://", 1).replace("https://", "wss://", 1)
 

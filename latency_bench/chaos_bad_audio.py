@@ -26,7 +26,7 @@ import websockets
 from latency_bench.audio import mulaw_decode, mulaw_encode
 from latency_bench.bad_audio import (CASES, CLOSED_BAD_INPUT, ERROR_ANSWERED, IDLE_TIMEOUT, PHONE_RATE,
                                      REALTIME_RATE, REFUSED, BadAudio, Case, Material)
-from latency_bench.chaos_admission import ws_url
+from latency_bench.chaos_admission import connect_admitted
 from latency_bench.chaos_malformed import errors_logged
 from latency_bench.conversation import PacedLine, PlannedTurn, converse
 from latency_bench.listen import ReplyTracker, TurnRecord
@@ -166,18 +166,6 @@ async def _speak_good(line: PacedLine, tracker: ReplyTracker, run: CaseRun, plan
         run.close_reason = exc.rcvd.reason if exc.rcvd else ""
 
 
-async def _connect(base_url: str, path: str):
-    """A connection the server has admitted: /v1/realtime answers 503 while a slot is still ending."""
-    for _ in range(MAX_REFUSALS):
-        try:
-            return await websockets.connect(f"{ws_url(base_url)}{path}", open_timeout=10, max_size=2**22)
-        except websockets.InvalidStatus as exc:
-            if exc.response.status_code != 503:
-                raise
-        await asyncio.sleep(RETRY_FULL_S)
-    raise RuntimeError(f"{path}: still refused after {MAX_REFUSALS} tries")
-
-
 async def _closed_within(ws, seconds: float) -> None:
     """Reads until the server closes (for a socket no receiver task reads)."""
     with contextlib.suppress(TimeoutError, websockets.ConnectionClosed):
@@ -196,7 +184,7 @@ async def _wait_closed(ws, seconds: float) -> None:
 async def _twilio_case(base_url: str, case: Case, bad: BadAudio, plan: CallPlan) -> CaseRun:
     run = CaseRun(case, call_id="CA" + uuid.uuid4().hex)
     stream_sid = "MZ" + uuid.uuid4().hex
-    ws = await _connect(base_url, "/ws/twilio")
+    ws = await connect_admitted(base_url, "/ws/twilio")
     tracker = ReplyTracker()
     media_format = bad.media_format or {"encoding": "audio/x-mulaw", "sampleRate": 8000, "channels": 1}
     with contextlib.suppress(websockets.ConnectionClosed):
@@ -237,7 +225,7 @@ async def _hear_phone(ws, tracker: ReplyTracker) -> None:
 
 async def _realtime_case(base_url: str, case: Case, bad: BadAudio, plan: CallPlan) -> CaseRun:
     run = CaseRun(case)
-    ws = await _connect(base_url, "/v1/realtime")
+    ws = await connect_admitted(base_url, "/v1/realtime")
     tracker = ReplyTracker()
     created = json.loads(await ws.recv())
     run.call_id = str(created.get("session", {}).get("id", "")).removeprefix("sess_") or None

@@ -27,7 +27,7 @@ from pathlib import Path
 import websockets
 
 from latency_bench import twilio_caller
-from latency_bench.chaos_admission import start_event, ws_url
+from latency_bench.chaos_admission import REFUSED_RETRIES, REFUSED_RETRY_S, connect_admitted, start_event, ws_url
 from latency_bench.conversation import plan_caller
 from latency_bench.malformed_messages import Fault, faults
 from latency_bench.stats import percentile
@@ -38,8 +38,6 @@ CLOSE_PROTOCOL_ERROR, CLOSE_NOT_UTF8, CLOSE_POLICY, CLOSE_TRY_LATER = 1002, 1007
 MAY_BE_VALID = frozenset({"wrong_type", "huge_number"})
 CLOSE_WAIT_S = 2.0  # a close expected now that has not come by then is reported as missing
 ANSWER_WAIT_S = 5.0
-RETRY_FULL_S = 0.2  # a refused (1013) connection waits for the call before it to end
-MAX_REFUSALS = 50
 
 
 @dataclass(frozen=True)
@@ -70,18 +68,6 @@ def _short(data: str | bytes) -> str:
     return repr(data[:160])
 
 
-async def _connect(base_url: str, path: str):
-    """A connection the server has admitted (it refuses with 1013 while a slot is still ending)."""
-    for _ in range(MAX_REFUSALS):
-        try:
-            return await websockets.connect(f"{ws_url(base_url)}{path}", open_timeout=5, max_size=2**22)
-        except websockets.InvalidStatus as exc:
-            if exc.response.status_code != 503:
-                raise
-        await asyncio.sleep(RETRY_FULL_S)
-    raise RuntimeError(f"{path}: still refused after {MAX_REFUSALS} tries")
-
-
 async def _closed_within(ws, seconds: float) -> bool:
     try:
         async with asyncio.timeout(seconds):
@@ -106,7 +92,7 @@ async def _send_frame_fault(ws, fault: Fault, protocol: str) -> Outcome:
 # --- /v1/realtime -----------------------------------------------------------------------------
 
 async def _realtime_session(base_url: str):
-    ws = await _connect(base_url, "/v1/realtime")
+    ws = await connect_admitted(base_url, "/v1/realtime")
     async with asyncio.timeout(ANSWER_WAIT_S):
         while json.loads(await ws.recv()).get("type") != "session.created":
             pass
@@ -164,7 +150,7 @@ async def fuzz_realtime(base_url: str, batch: list[Fault], *, budget: int) -> li
 # --- /ws/twilio -------------------------------------------------------------------------------
 
 async def _phone_call(base_url: str, n: int, *, start: bool = True):
-    ws = await _connect(base_url, "/ws/twilio")
+    ws = await connect_admitted(base_url, "/ws/twilio")
     await ws.send(json.dumps({"event": "connected"}))
     if start:
         await ws.send(start_event(n))
@@ -193,7 +179,7 @@ async def _twilio_past_budget(ws, faults_in_call: list[Fault], budget: int) -> l
 async def _until_admitted(attempt):
     """`attempt()` again while the server refuses it as full (1013): a phone socket is accepted
     first and refused after, and the slot of a call just closed is free only once it has ended."""
-    for _ in range(MAX_REFUSALS):
+    for _ in range(REFUSED_RETRIES):
         try:
             outcome = await attempt()
         except websockets.ConnectionClosed as exc:  # refused before the fault was even sent
@@ -202,8 +188,8 @@ async def _until_admitted(attempt):
         else:
             if not any(o.code == CLOSE_TRY_LATER for o in outcome):
                 return outcome
-        await asyncio.sleep(RETRY_FULL_S)
-    raise RuntimeError(f"/ws/twilio: still refused after {MAX_REFUSALS} tries")
+        await asyncio.sleep(REFUSED_RETRY_S)
+    raise RuntimeError(f"/ws/twilio: still refused after {REFUSED_RETRIES} tries")
 
 
 async def _twilio_frame(base_url: str, fault: Fault, n: int) -> list[Outcome]:

@@ -171,7 +171,7 @@ class CallManager:
             # Built off the event loop: a pipeline's construction (a Silero ONNX session of its own,
             # the processors) takes 100-300 ms on 2 cores, and every other call's audio and every
             # handshake waited that long (found by the chaos bench: sdp, oversize).
-            call.voice = await asyncio.to_thread(
+            voice = await asyncio.to_thread(
                 build_voice_call, transport, engines=self._engines, config=self._config, agent=call.agent,
                 output_sample_rate=output_sample_rate, on_turn_closed=lambda turn: self._turn_closed(call, turn),
                 search=self._search_for(call.agent),
@@ -186,13 +186,19 @@ class CallManager:
                 observers=observers,
                 remote_api_key=self._remote_api_key(call.agent),
             )
-            @call.voice.task.event_handler("on_idle_timeout")
+            @voice.task.event_handler("on_idle_timeout")
             async def _on_idle(_task) -> None:  # pipecat then cancels the pipeline itself
                 if call.end_reason == "completed":
                     call.end_reason = "idle_timeout"
 
             runner = WorkerRunner(handle_sigint=False, handle_sigterm=False)
-            await runner.add_workers(call.voice.task)
+            await runner.add_workers(voice.task)
+            if call.end_reason != "completed":
+                # Hung up while its pipeline was being built (a WebRTC peer's connect deadline,
+                # a caller gone): hang_up had no pipeline to cancel, so none is started.
+                log.info("call %s ended (%s) before its pipeline started", call.id, call.end_reason)
+                return
+            call.voice = voice  # from here hang_up cancels it; nothing awaits before it runs
             log.info("call %s started (%s)", call.id, call.transport)
             # A watchdog, not wait_for: pipecat's runner finishes normally when cancelled, and
             # wait_for then returns as if the call had simply ended.
@@ -235,7 +241,8 @@ class CallManager:
         await self.hang_up(call, "max_duration")
 
     async def hang_up(self, call: ActiveCall, reason: str) -> None:
-        """Ends a call from outside its pipeline (caller hung up, too many bad messages)."""
+        """Ends a call from outside its pipeline (caller hung up, too many bad messages). One
+        whose pipeline is still being built keeps the reason, and `run` then never starts it."""
         if call.end_reason == "completed":
             call.end_reason = reason
         if call.voice is not None:

@@ -48,8 +48,11 @@ async def run(base_url: str, *, idle: int, trickle: int, deadline_s: float, slac
 
 
 async def _open(host: str, port: int) -> tuple[asyncio.StreamReader, asyncio.StreamWriter, float]:
+    # Timed from before the connect: the server may accept (and start its deadline) well
+    # before a busy client loop sees the connect complete, and a close then looked early.
+    started = asyncio.get_running_loop().time()
     reader, writer = await asyncio.open_connection(host, port)
-    return reader, writer, asyncio.get_running_loop().time()
+    return reader, writer, started
 
 
 async def _until_closed(reader: asyncio.StreamReader, writer: asyncio.StreamWriter, opened_at: float, *,

@@ -12,6 +12,7 @@ import ipaddress
 import json
 import os
 import random
+import threading
 import time
 from dataclasses import replace
 
@@ -23,14 +24,15 @@ from hypothesis import strategies as st
 
 from latency_bench.sdp_mutations import (BODY_MUTATIONS, MAX_SDP_BYTES, SDP_MUTATIONS, confine_to_loopback,
                                          fuzzed_offer, mutate, real_offers)
-from pipelines.voice import Engines
+from agent import calls as agent_calls
+from pipelines.voice import Engines, build_voice_call
 from tests.conftest import running_server
 from tests.fakes import HashingEmbedder, ScriptedASR, ScriptedLLM, ToneTTS
 from tests import test_bad_input
 
 server_errors = test_bad_input.server_errors  # the fixture: every ERROR the server logs, pipecat's too
 CONNECT_DEADLINE_S = 0.3  # limits.handshake_timeout_seconds here: offers whose ICE cannot succeed end fast
-ANSWER_LIMIT_S = 0.5  # the issue's figure is 200 ms; loaded CI gets slack
+ANSWER_LIMIT_S = 2.0  # a hang, not the figure: the issue's 200 ms is the bench's (chaos sdp) to measure
 CALL_END_LIMIT_S = 5.0
 EXAMPLES = 300
 
@@ -182,6 +184,35 @@ async def test_a_peer_that_never_connects_is_hung_up_at_the_deadline_and_its_con
                 break
             await asyncio.sleep(0.05)
         assert _udp_sockets() <= sockets_before
+
+
+async def test_a_peer_hung_up_while_its_pipeline_is_still_being_built_ends_at_once(server, seeds, monkeypatch):
+    """The pipeline is built in a thread (100-300 ms on 2 cores, longer on a loaded machine).
+    Before: a connect deadline that passed meanwhile found no pipeline to cancel, and the call
+    then ran until its idle timeout (CI: the fuzzing test above, an answered call still live)."""
+    built = threading.Event()
+    may_finish = threading.Event()
+
+    def slow_build(*args, **kwargs):
+        built.set()
+        may_finish.wait(CALL_END_LIMIT_S)  # held until the deadline's hang-up has happened
+        return build_voice_call(*args, **kwargs)
+
+    monkeypatch.setattr(agent_calls, "build_voice_call", slow_build)
+    async with httpx.AsyncClient(base_url=server.base_url, timeout=10) as http:
+        answer = (await http.post("/api/offer", json={"sdp": seeds[0], "type": "offer"})).json()
+        for _ in range(int(CALL_END_LIMIT_S / 0.05)):
+            if 'kind="handshake_timeout",transport="webrtc"' in (await http.get("/metrics")).text:
+                break
+            await asyncio.sleep(0.05)
+        assert built.is_set()
+        may_finish.set()
+        for _ in range(int(CALL_END_LIMIT_S / 0.05)):
+            call = (await http.get(f"/api/calls/{answer['call_id']}")).json()
+            if not call["live"]:
+                break
+            await asyncio.sleep(0.05)
+        assert not call["live"] and call["end_reason"] == "handshake_timeout"
 
 
 async def test_an_offer_without_a_dtls_fingerprint_is_refused_not_answered(server, seeds):

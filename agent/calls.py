@@ -182,6 +182,7 @@ class CallManager:
                 on_pause_verdict=lambda verdict: self._metrics.pause_verdicts.labels(verdict.reason).inc(),
                 on_eager_reply=lambda outcome: self._metrics.eager_replies.labels(outcome).inc(),
                 on_long_turn_cut=self._metrics.long_turn_cuts.observe,
+                on_model_failure=lambda model, kind: self._metrics.model_failures.labels(model, kind).inc(),
                 enable_rtvi=enable_rtvi,
                 observers=observers,
                 remote_api_key=self._remote_api_key(call.agent),

@@ -103,7 +103,8 @@ class TextChat:
             async for text in shaped_reply(self._llm, messages, passages=passages, sampling=agent.sampling,
                                            max_tokens=agent.max_reply_tokens,
                                            max_sentences=agent.max_reply_sentences,
-                                           system_prompt=agent.system_prompt, on_redacted=redacted):
+                                           system_prompt=agent.system_prompt, on_redacted=redacted,
+                                           stall_limits=self._config.deadlines.llm):
                 timing.setdefault("llm_first_token", _ms(self._clock() - started))
                 reply.append(text)
                 yield {"type": "delta", "text": text}

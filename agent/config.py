@@ -21,6 +21,7 @@ from knowledge.options import KnowledgeOptions
 from models.llama_cpp_llm import LlamaCppOptions
 from models.orpheus.options import OrpheusOptions
 from models.piper_tts import PiperOptions
+from models.stalls import StallLimits
 from models.whisper_asr import WhisperOptions
 from pipelines.turn_end import TurnEndOptions
 from transcription.jobs import JobLimits
@@ -148,6 +149,37 @@ class TTSConfig(PiperOptions):
 
 
 @dataclass(frozen=True)
+class ModelDeadlines:
+    """How long a turn waits on each model before the caller hears why instead of silence.
+    A worker that is stopped or stuck sends nothing, and its client would wait out its read
+    timeout (30 s); past these the turn gives up on it (models/stalls.py): a lost transcript
+    or reply is answered with a short spoken apology, a lost sentence is skipped. Set them
+    above what the slowest healthy turn takes on your hardware at full load: a deadline
+    that fires on a slow but healthy model turns a late reply into an apology."""
+
+    # A turn's final transcript: this, plus asr_per_audio_second for each second of the turn.
+    asr_seconds: float = 3.0
+    asr_per_audio_second: float = 0.5
+    # A reply's first token (queueing and prompt evaluation included), then between tokens.
+    llm_first_token_seconds: float = 6.0
+    llm_token_gap_seconds: float = 3.0
+    # A sentence's first audio (a fallback voice's included), then between its chunks.
+    tts_first_audio_seconds: float = 5.0
+    tts_audio_gap_seconds: float = 3.0
+
+    @property
+    def llm(self) -> StallLimits:
+        return StallLimits(self.llm_first_token_seconds, self.llm_token_gap_seconds)
+
+    @property
+    def tts(self) -> StallLimits:
+        return StallLimits(self.tts_first_audio_seconds, self.tts_audio_gap_seconds)
+
+    def asr_seconds_for(self, audio_seconds: float) -> float:
+        return self.asr_seconds + self.asr_per_audio_second * audio_seconds
+
+
+@dataclass(frozen=True)
 class AgentsConfig:
     """Where agents come from and the limits on what a developer may define."""
 
@@ -214,6 +246,7 @@ class CadenceConfig:
     turn_end: TurnEndConfig = field(default_factory=TurnEndConfig)
     llm: LLMConfig = field(default_factory=LLMConfig)
     tts: TTSConfig = field(default_factory=TTSConfig)
+    deadlines: ModelDeadlines = field(default_factory=ModelDeadlines)
     agents: AgentsConfig = field(default_factory=AgentsConfig)
     retrieval: RetrievalDefaults = field(default_factory=RetrievalDefaults)
     # Agents' documents: upload limits, chunking, the embedder and the hybrid search.
@@ -269,6 +302,12 @@ def _validate(config: CadenceConfig) -> None:
         (50 <= config.retrieval.max_tokens <= 4000, "retrieval.max_tokens must be in [50, 4000]"),
         (0 < config.retrieval.timeout_ms <= 5000, "retrieval.timeout_ms must be in (0, 5000]"),
         (config.agents.max_prompt_chars >= 100, "agents.max_prompt_chars must be >= 100"),
+        (all(seconds > 0 for name, seconds in dataclasses.asdict(config.deadlines).items()
+             if name != "asr_per_audio_second") and config.deadlines.asr_per_audio_second >= 0,
+         "deadlines must be > 0 (deadlines.asr_per_audio_second may be 0)"),
+        (0 < config.tts.orpheus.fallback_after_seconds < config.deadlines.tts_first_audio_seconds,
+         "tts.orpheus.fallback_after_seconds must be > 0 and below deadlines.tts_first_audio_seconds "
+         "(the fallback voice needs time to say the sentence)"),
         (config.agents.max_agents >= 1, "agents.max_agents must be >= 1"),
     ]
     for ok, message in checks:

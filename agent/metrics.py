@@ -82,6 +82,10 @@ class CadenceMetrics:
             "Callers' pauses by how long the turn-end judge let them be (finished: short; "
             "words_unfinished / voice_unfinished: long; undecided: the agent's pause)",
             ["reason"], registry=self.registry)
+        self.model_failures = Counter(
+            "cadence_model_failures_total",
+            "Turns a model failed (kind: error, or stalled past its deadlines.*): the caller heard an "
+            "apology (asr, llm) or the sentence was skipped (tts)", ["model", "kind"], registry=self.registry)
         self.long_turn_cuts = Histogram(
             "cadence_long_turn_cut_seconds",
             "Callers' turns longer than limits.max_user_turn_seconds, cut and transcribed while they went "

@@ -5,7 +5,8 @@ process that imports only `models/`) needs nothing above it.
     ├── ConfigError              the configuration is invalid; fix the YAML or the flags
     ├── ModelAssetError          weights missing or corrupt (sha256 mismatch); reinstall the package
     ├── CapacityError            a limit is reached (calls, engine queue, a full worker); retry later (retryable)
-    └── WorkerUnavailableError   a model worker cannot be reached or went away mid-request (retryable)
+    ├── WorkerUnavailableError   a model worker cannot be reached or went away mid-request (retryable)
+    └── StalledError             a model's answer stopped coming within its deadline (retryable)
 
 `agent/errors.py` adds the errors only the agent server raises (not found, conflicts, bad
 input) under the same base. Messages say what went wrong and what to do, and never carry
@@ -32,4 +33,10 @@ class CapacityError(CadenceError):
 
 
 class WorkerUnavailableError(CadenceError):
+    retryable = True
+
+
+class StalledError(CadenceError):
+    """A model's answer stopped coming: nothing within its deadline (models/stalls.py)."""
+
     retryable = True

@@ -8,6 +8,8 @@ Engines are shared by all calls; every processor built here belongs to one call.
 
 from __future__ import annotations
 
+from collections.abc import Callable
+
 from pipecat.audio.vad.vad_analyzer import VADParams
 from pipecat.processors.aggregators.llm_context import LLMContext
 from pipecat.processors.aggregators.llm_response_universal import LLMContextAggregatorPair, LLMUserAggregatorParams
@@ -56,7 +58,9 @@ def cascade_stages(*, engines: Engines, config: CadenceConfig, agent: CallAgent,
                            if by_wanted else None,
                            partial_every_s=config.asr.partial_every_s, on_rejected=hooks.on_asr_rejected,
                            on_long_turn_cut=hooks.on_long_turn_cut,
-                           on_partial=hooks.on_partial, pause_judge=judge, eager_reply=eager)
+                           on_partial=hooks.on_partial, pause_judge=judge, eager_reply=eager,
+                           transcript_deadline_s=config.deadlines.asr_seconds_for,
+                           on_lost=lambda kind: hooks.on_model_failure("asr", kind))
     context = LLMContext(messages=[{"role": "system", "content": agent.system_prompt}])
     aggregators = LLMContextAggregatorPair(
         context,
@@ -83,8 +87,10 @@ def cascade_stages(*, engines: Engines, config: CadenceConfig, agent: CallAgent,
         sampling=agent.sampling,
         max_reply_sentences=agent.max_reply_sentences,
         on_redacted=hooks.on_redacted,
+        stall_limits=config.deadlines.llm,
+        on_failed=lambda kind: hooks.on_model_failure("llm", kind),
     )
-    tts = tts_service(engines.tts, config, voice=agent.voice)
+    tts = tts_service(engines.tts, config, voice=agent.voice, on_failed=lambda kind: hooks.on_model_failure("tts", kind))
     retrieval = []
     if search is not None and agent.retrieval.enabled:
         retrieval = [RetrievalProcessor(search, max_tokens=agent.retrieval.max_tokens,
@@ -95,12 +101,14 @@ def cascade_stages(*, engines: Engines, config: CadenceConfig, agent: CallAgent,
                         after_output=(aggregators.assistant(),), context=context)
 
 
-def tts_service(engine: TTSEngine, config: CadenceConfig, *, voice: str) -> EngineTTSService:
+def tts_service(engine: TTSEngine, config: CadenceConfig, *, voice: str,
+                on_failed: Callable[[str], None] = lambda kind: None) -> EngineTTSService:
     """The agent's voice as a pipecat service: Orpheus (GPU) or the CPU voice."""
     by_wanted = config.server.schedule == "wanted-by"
     if config.tts.engine == "orpheus":
         from models.orpheus.prompt import EMOTION_TAGS
 
         return OrpheusTTSService(engine, voice=voice, model=config.tts.orpheus.model, emotion_tags=EMOTION_TAGS,
-                                 schedule_by_playout=by_wanted)
-    return EngineTTSService(engine, voice=voice, schedule_by_playout=by_wanted)
+                                 schedule_by_playout=by_wanted, stall_limits=config.deadlines.tts, on_failed=on_failed)
+    return EngineTTSService(engine, voice=voice, schedule_by_playout=by_wanted, stall_limits=config.deadlines.tts,
+                            on_failed=on_failed)

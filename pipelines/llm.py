@@ -9,6 +9,7 @@ the frame task; closing the engine's stream then stops generation on the model t
 from __future__ import annotations
 
 import asyncio
+import logging
 from collections.abc import Callable
 
 from pipecat.frames.frames import Frame, LLMContextFrame, LLMFullResponseEndFrame, LLMFullResponseStartFrame
@@ -19,12 +20,18 @@ from pipecat.services.settings import LLMSettings
 
 from models.errors import CadenceError
 from models.base import ChatMessage, LLMEngine, Sampling
+from models.stalls import StallLimits, failure_kind
 from pipelines.knowledge_context import Passage, reference_message, sealed_dialogue
 from pipelines.reply import shaped_reply
 
+log = logging.getLogger(__name__)
 
-# Said when the LLM cannot answer for a moment (its worker restarts, or every slot is busy).
+
+# Said when the LLM cannot answer (its worker restarts or is stuck, every slot is busy, a bug):
+# the caller hears why nothing came, and asks again, instead of waiting on silence.
 FALLBACK_REPLY = "Sorry, I lost my train of thought. Could you say that again?"
+# Said after a reply that was cut off part way: the caller has heard a sentence stop.
+CUT_SHORT_REPLY = " Sorry, I lost my train of thought."
 
 
 # Marks where an over-long message was cut: the model should know it hears the end of it.
@@ -64,7 +71,12 @@ def prompt_window(messages: list[ChatMessage], max_history: int,
 class EngineLLMService(LLMService):
     def __init__(self, engine: LLMEngine, *, max_reply_tokens: int, max_history_messages: int,
                  max_dialogue_chars: int | None = None, system_prompt: str = "", sampling: Sampling | None = None,
-                 max_reply_sentences: int = 0, on_redacted: Callable[[int], None] = lambda count: None, **kwargs) -> None:
+                 max_reply_sentences: int = 0, on_redacted: Callable[[int], None] = lambda count: None,
+                 stall_limits: StallLimits | None = None, on_failed: Callable[[str], None] = lambda kind: None,
+                 **kwargs) -> None:
+        """`stall_limits`: how long a reply waits for its first token and then for each next
+        one before it is given up (deadlines.llm_*); None: as long as the engine takes.
+        `on_failed(kind)`: told of every reply lost (kind: stalled or error)."""
         super().__init__(
             settings=LLMSettings(
                 model=None,
@@ -89,6 +101,8 @@ class EngineLLMService(LLMService):
         self._sampling = sampling
         self._max_reply_sentences = max_reply_sentences
         self._on_redacted = on_redacted
+        self._stall_limits = stall_limits
+        self._on_failed = on_failed
         self._warm_task: asyncio.Task | None = None
         self._spoke = False  # this turn's reply has produced text
 
@@ -108,12 +122,12 @@ class EngineLLMService(LLMService):
         self._spoke = False
         try:
             await self._generate(frame.context, getattr(frame, "passages", ()))
-        except CadenceError as exc:
+        except Exception as exc:  # whatever failed, the caller hears it; the call goes on
+            if not isinstance(exc, CadenceError):
+                log.exception("LLM reply failed")
+            self._on_failed(failure_kind(exc))
             await self.push_error(error_msg=f"LLM unavailable: {exc}", exception=exc)
-            if exc.retryable and not self._spoke:
-                # The LLM worker is restarting or full: the caller hears why nothing came,
-                # and asks again once it is back, instead of waiting on silence.
-                await self._push_llm_text(FALLBACK_REPLY)
+            await self._push_llm_text(CUT_SHORT_REPLY if self._spoke else FALLBACK_REPLY)
         finally:
             await self.stop_processing_metrics()
             await self.push_frame(LLMFullResponseEndFrame())
@@ -124,7 +138,8 @@ class EngineLLMService(LLMService):
         await self.start_ttfb_metrics()
         pieces = shaped_reply(self._engine, messages, passages=passages, sampling=self._sampling,
                               max_tokens=self._max_reply_tokens, max_sentences=self._max_reply_sentences,
-                              system_prompt=self._system_prompt, on_redacted=self._on_redacted)
+                              system_prompt=self._system_prompt, on_redacted=self._on_redacted,
+                              stall_limits=self._stall_limits)
         reply = []
         try:
             async for piece in pieces:

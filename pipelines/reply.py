@@ -10,6 +10,7 @@ from __future__ import annotations
 from collections.abc import AsyncIterator, Callable, Sequence
 
 from models.base import ChatMessage, LLMEngine, Sampling
+from models.stalls import StallLimits, without_stalls
 from pipelines.knowledge_context import REFERENCE_CLOSE, REFERENCE_OPEN, Passage, with_references
 from pipelines.reply_shaping import MarkupStop, PromptLeakGuard, SentenceBudget
 
@@ -19,13 +20,16 @@ FENCE_MARKERS = (REFERENCE_OPEN, REFERENCE_CLOSE)
 
 async def shaped_reply(engine: LLMEngine, messages: Sequence[ChatMessage], *, passages: Sequence[Passage] = (),
                        sampling: Sampling | None, max_tokens: int, max_sentences: int, system_prompt: str,
-                       on_redacted: Callable[[int], None] = lambda count: None) -> AsyncIterator[str]:
-    """Streams the reply's text. Closing it early (barge-in) stops generation on the engine."""
+                       on_redacted: Callable[[int], None] = lambda count: None,
+                       stall_limits: StallLimits | None = None) -> AsyncIterator[str]:
+    """Streams the reply's text. Closing it early (barge-in) stops generation on the engine.
+    An engine that goes quiet past `stall_limits` ends it with StalledError."""
     # With no cap and nothing to guard, pieces pass exactly as the engine streams them.
     budget = SentenceBudget(max_sentences) if max_sentences > 0 else None
     guard = PromptLeakGuard(system_prompt) if system_prompt.strip() else None
     markup = MarkupStop(FENCE_MARKERS) if passages else None
-    pieces = engine.stream_chat(with_references(messages, passages), max_tokens=max_tokens, sampling=sampling)
+    pieces = without_stalls(engine.stream_chat(with_references(messages, passages), max_tokens=max_tokens,
+                                               sampling=sampling), stall_limits, what="LLM reply")
     fenced = False
     try:
         async for piece in pieces:

@@ -63,3 +63,5 @@ class CallHooks:
     on_pause_verdict: Callable[[PauseVerdict], None] = lambda verdict: None
     on_eager_reply: Callable[[str], None] = lambda outcome: None
     on_long_turn_cut: Callable[[float], None] = lambda seconds: None
+    # A model failed a turn (model: asr | llm | tts; kind: stalled | error): the caller heard an apology.
+    on_model_failure: Callable[[str, str], None] = lambda model, kind: None

@@ -49,6 +49,7 @@ from pipecat.frames.frames import (
     InterimTranscriptionFrame,
     SystemFrame,
     TranscriptionFrame,
+    TTSSpeakFrame,
     VADUserStoppedSpeakingFrame,
 )
 from pipecat.processors.frame_processor import FrameDirection
@@ -57,7 +58,8 @@ from pipecat.services.stt_service import SegmentedSTTService
 from pipecat.turns.eager_end_of_turn_mixin import EagerEndOfTurnSTTServiceMixin
 from pipecat.utils.time import time_now_iso8601
 
-from models.errors import CadenceError
+from models.errors import CadenceError, StalledError
+from models.stalls import failure_kind
 from models.scheduling import wanted_in
 from models.base import ASREngine, Transcript
 from models.hallucination import MAX_COMPRESSION_RATIO, compression_ratio, repeats_itself, too_fast
@@ -67,6 +69,10 @@ from pipelines.retrieval import SpeculativeTranscriptFrame
 from pipelines.speech_end import quietest_point, silent_tail_seconds
 
 log = logging.getLogger(__name__)
+
+# Said when a turn's words are lost (the ASR failed or is stuck): the caller says it again
+# instead of waiting on a reply that cannot come.
+NOT_HEARD_REPLY = "Sorry, I didn't catch that. Could you say it again?"
 
 # Above this mean no-speech probability, short text is most likely noise read as words.
 MAX_NO_SPEECH_PROBABILITY = 0.6
@@ -112,6 +118,14 @@ class CallerSpeechEndFrame(SystemFrame):
 
 
 @dataclass
+@dataclass
+class TranscriptLostFrame(SystemFrame):
+    """The turn's words could not be transcribed (the ASR failed or stalled): the turn ends
+    here, and NOT_HEARD_REPLY, pushed next, is its reply."""
+
+    error: str = ""
+
+
 class TurnPartTranscriptionFrame(TranscriptionFrame):
     """The transcript of part of a turn too long for one window, cut while the caller went on:
     the turn's own transcript (the last part) follows. Aggregated as any transcript is."""
@@ -135,7 +149,9 @@ class EngineSTTService(EagerEndOfTurnSTTServiceMixin, SegmentedSTTService):
                  on_rejected: Callable[[str], None] = lambda reason: None,
                  on_partial: Callable[[str], None] = lambda text: None,
                  on_long_turn_cut: Callable[[float], None] = lambda seconds: None,
-                 pause_judge: PauseJudge | None = None, eager_reply: bool = False, **kwargs) -> None:
+                 pause_judge: PauseJudge | None = None, eager_reply: bool = False,
+                 transcript_deadline_s: Callable[[float], float] | None = None,
+                 on_lost: Callable[[str], None] = lambda kind: None, **kwargs) -> None:
         """`speculation_lead_s`: when a guess made at a pause is wanted (the turn's end);
         None leaves guesses in arrival order with every other request. `partial_every_s`:
         streaming partials every that much new speech (0: none). `on_rejected(reason)`:
@@ -143,7 +159,10 @@ class EngineSTTService(EagerEndOfTurnSTTServiceMixin, SegmentedSTTService):
         partial transcript; `on_long_turn_cut(seconds)`, of every cut of a long turn (the length of
         the part cut off). `pause_judge`: decides each pause's length (None: the VAD's own).
         `eager_reply`: answer the speculative transcript while the VAD waits (held until
-        the turn ends)."""
+        the turn ends). `transcript_deadline_s(seconds of audio)`: how long a turn's
+        transcript may take before it is given up and the caller asked to say it again
+        (None: as long as the engine takes). `on_lost(kind)`: told of every transcript lost
+        (kind: stalled or error)."""
         super().__init__(
             enable_eager_end_of_turn=eager_reply,
             sample_rate=engine.sample_rate,
@@ -171,6 +190,9 @@ class EngineSTTService(EagerEndOfTurnSTTServiceMixin, SegmentedSTTService):
         self._pause_judge = pause_judge
         self.partials_pushed = 0
         self._paused = False  # the VAD heard a pause: the turn may be ending, the final comes first
+        self._transcript_deadline_s = transcript_deadline_s
+        self.transcripts_lost = 0
+        self._on_lost = on_lost
 
     def speech_paused(self) -> None:
         """The caller went quiet mid-turn: start transcribing what we have. No partial pass
@@ -374,10 +396,22 @@ class EngineSTTService(EagerEndOfTurnSTTServiceMixin, SegmentedSTTService):
     async def run_stt(self, audio: bytes) -> AsyncGenerator[Frame | None, None]:
         part = bool(self._queued) and not self._queued[0].whole_turn_end  # _transcribe takes it off
         await self.start_processing_metrics()
+        deadline_s = self._transcript_deadline_s(len(audio) / (_PCM16_BYTES * self.sample_rate)) \
+            if self._transcript_deadline_s is not None else None
         try:
-            transcript = await self._transcribe(audio)
-        except CadenceError as exc:
+            async with asyncio.timeout(deadline_s):
+                transcript = await self._transcribe(audio)
+        except Exception as exc:  # a stuck or failed engine, or a bug: the caller is told, the call goes on
+            self.transcripts_lost += 1
+            self._on_lost(failure_kind(exc))
+            if isinstance(exc, TimeoutError):
+                exc = StalledError(f"no transcript within {deadline_s:.1f} s")
+            elif not isinstance(exc, CadenceError):
+                log.exception("transcription failed")
             yield ErrorFrame(error=f"speech recognition unavailable: {exc}")
+            if not part:  # a long turn's part: the caller is still talking, and is told at its end if need be
+                yield TranscriptLostFrame(error=str(exc))
+                yield TTSSpeakFrame(NOT_HEARD_REPLY)
             return
         finally:
             await self.stop_processing_metrics()

@@ -10,6 +10,7 @@ a reply, and a slow later sentence is what leaves a hole mid-reply.
 from __future__ import annotations
 
 import contextlib
+import logging
 import re
 import time
 from collections.abc import AsyncGenerator, Callable
@@ -22,8 +23,11 @@ from pipecat.services.tts_service import TTSService
 from models.errors import CadenceError
 from models.base import TTSEngine
 from models.scheduling import wanted_in
+from models.stalls import StallLimits, failure_kind, without_stalls
 from pipelines.speakable import speakable
 from pipelines.text_chunking import FirstPhraseAggregator
+
+log = logging.getLogger(__name__)
 
 
 @dataclass
@@ -68,9 +72,14 @@ class ReplyPlayout:
 
 class EngineTTSService(TTSService):
     def __init__(self, engine: TTSEngine, *, voice: str, model: str | None = None,
-                 clock: Callable[[], float] = time.monotonic, schedule_by_playout: bool = True, **kwargs) -> None:
+                 clock: Callable[[], float] = time.monotonic, schedule_by_playout: bool = True,
+                 stall_limits: StallLimits | None = None, on_failed: Callable[[str], None] = lambda kind: None,
+                 **kwargs) -> None:
         """`schedule_by_playout`: tell a shared engine when each sentence is wanted; False
-        leaves them in arrival order (the A/B baseline of `server.schedule: arrival`)."""
+        leaves them in arrival order (the A/B baseline of `server.schedule: arrival`).
+        `stall_limits`: how long a sentence waits for its first audio and then for each next
+        chunk before the rest of it is skipped (deadlines.tts_*); None: no limit.
+        `on_failed(kind)`: told of every sentence lost (kind: stalled or error)."""
         super().__init__(
             push_start_frame=True,
             push_stop_frames=True,
@@ -84,6 +93,8 @@ class EngineTTSService(TTSService):
         self._text_aggregator = FirstPhraseAggregator()
         self._playout = ReplyPlayout()
         self._schedule_by_playout = schedule_by_playout
+        self._stall_limits = stall_limits
+        self._on_failed = on_failed
 
     def can_generate_metrics(self) -> bool:
         return True
@@ -102,7 +113,8 @@ class EngineTTSService(TTSService):
         wanted = wanted_in(self._playout.wanted_in(context_id, requested), clock=self._clock) \
             if self._schedule_by_playout else contextlib.nullcontext()
         with wanted:
-            chunks = self._engine.synthesize(self.prepare_text(text))
+            chunks = without_stalls(self._engine.synthesize(self.prepare_text(text)), self._stall_limits,
+                                    what="speech synthesis")
         first = True
         try:
             async for frame in self._stream_audio_frames_from_iterator(
@@ -116,7 +128,10 @@ class EngineTTSService(TTSService):
                                         self._clock())
                 await self.stop_ttfb_metrics()
                 yield frame
-        except CadenceError as exc:
+        except Exception as exc:  # the sentence is lost (its fallback voice too), the reply goes on
+            if not isinstance(exc, CadenceError):
+                log.exception("speech synthesis failed")
+            self._on_failed(failure_kind(exc))
             yield ErrorFrame(error=f"speech synthesis unavailable: {exc}")
         finally:
             await chunks.aclose()  # barge-in lands here: stop synthesising now

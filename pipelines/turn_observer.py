@@ -25,7 +25,7 @@ from pipecat.observers.base_observer import BaseObserver, FramePushed
 from pipecat.processors.frame_processor import FrameDirection, FrameProcessor
 
 from pipelines.retrieval import TurnContextFrame
-from pipelines.stt import CallerSpeechEndFrame, TurnPartTranscriptionFrame
+from pipelines.stt import CallerSpeechEndFrame, TranscriptLostFrame, TurnPartTranscriptionFrame
 from pipelines.tts import TTSSentenceTimingFrame
 from pipelines.turn_timeline import Turn, TurnTimeline
 
@@ -53,6 +53,10 @@ class TurnObserver(BaseObserver):
         if isinstance(frame, EagerEndOfTurnCancelFrame):
             if data.first_push:
                 self.timeline.eager_reply_dropped()
+            return
+        if isinstance(frame, TranscriptLostFrame):
+            if data.first_push:
+                self.timeline.transcript_lost(self._clock())
             return
         if isinstance(frame, TTSSentenceTimingFrame):
             if data.first_push:

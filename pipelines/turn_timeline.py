@@ -103,6 +103,16 @@ class TurnTimeline:
                 self._from_ahead.add(name)
         self._ahead.clear()
 
+    def transcript_lost(self, at: float) -> None:
+        """The turn's words are lost (the ASR failed): it ends here, its reply an apology
+        spoken without the LLM, which closes the turn once it has been heard."""
+        turn = self._open
+        if turn is None:
+            return
+        turn.stage_at["asr_final"] = at
+        self._ahead.clear()
+        self._reply_generated = True
+
     def stage(self, name: str, at: float) -> None:
         if name not in STAGES:
             raise ValueError(f"unknown stage {name!r}")

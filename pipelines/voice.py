@@ -58,6 +58,7 @@ def build_voice_call(
     on_pause_verdict: Callable[[PauseVerdict], None] = lambda verdict: None,
     on_eager_reply: Callable[[str], None] = lambda outcome: None,
     on_long_turn_cut: Callable[[float], None] = lambda seconds: None,
+    on_model_failure: Callable[[str, str], None] = lambda model, kind: None,
     enable_rtvi: bool = False,
     observers: Sequence[BaseObserver] = (),
     remote_api_key: str | None = None,
@@ -67,7 +68,7 @@ def build_voice_call(
     `remote_api_key`: the key of the agent's speech-to-speech server, if it uses one."""
     hooks = CallHooks(on_retrieval_miss=on_retrieval_miss, on_redacted=on_redacted, on_asr_rejected=on_asr_rejected,
                       on_partial=on_partial, on_pause_verdict=on_pause_verdict, on_eager_reply=on_eager_reply,
-                      on_long_turn_cut=on_long_turn_cut)
+                      on_long_turn_cut=on_long_turn_cut, on_model_failure=on_model_failure)
     stages = speech_stages(engines=engines, config=config, agent=agent, search=search, hooks=hooks,
                            remote_api_key=remote_api_key)
     context = stages.context

@@ -46,6 +46,8 @@ server:
     ("server: {ice_servers: 'stun:x'}", "expected a list"),
     ("[1, 2]", "must be a mapping"),
     ("server: {port: true}", "expected int"),
+    ("deadlines: {llm_first_token_seconds: 0}", "deadlines must be > 0"),
+    ("deadlines: {tts_first_audio_seconds: 1.0}", "fallback_after_seconds must be > 0 and below"),
 ])
 def test_bad_config_is_rejected_with_a_clear_message(tmp_path, text, message):
     with pytest.raises(ConfigError, match=None) as info:

@@ -26,7 +26,7 @@ from pipecat.processors.aggregators.llm_context import LLMContext
 from pipecat.processors.frame_processor import FrameProcessor
 from pipecat.tests.utils import run_test
 
-from pipelines.llm import FALLBACK_REPLY, EngineLLMService, prompt_window
+from pipelines.llm import CUT_SHORT_REPLY, FALLBACK_REPLY, EngineLLMService, prompt_window
 from pipelines.stt import CallerSpeechEndFrame, EngineSTTService, compression_ratio, is_plausible
 from pipelines.tts import EngineTTSService
 from models.base import Transcript
@@ -78,12 +78,12 @@ async def test_llm_service_turns_an_overloaded_engine_into_an_error_and_a_spoken
     assert any(isinstance(f, ErrorFrame) and "retry later" in f.error for f in up)
 
 
-async def test_llm_service_does_not_talk_over_a_reply_cut_by_a_dying_worker():
+async def test_llm_service_ends_a_reply_cut_by_a_dying_worker_with_a_short_apology_not_a_new_reply():
     engine = ScriptedLLM(["The clinic", " opens at", " eight."], fail_after=2)
     service = EngineLLMService(engine, max_reply_tokens=50, max_history_messages=4)
     down, up = await run_test(service, frames_to_send=[LLMContextFrame(context_with(("user", "hours?")))])
     spoken = "".join(f.text for f in down if isinstance(f, LLMTextFrame))
-    assert FALLBACK_REPLY not in spoken and spoken.startswith("The clinic")
+    assert spoken == "The clinic opens at" + CUT_SHORT_REPLY
     assert any(isinstance(f, ErrorFrame) and "failed mid-request" in f.error for f in up)
 
 

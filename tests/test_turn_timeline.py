@@ -140,3 +140,16 @@ def test_a_dropped_eager_reply_takes_its_stages_back():
     assert "retrieval" not in timeline.current.stage_at
     timeline.stage("retrieval", 11.6)  # the turn answered afresh
     assert timeline.current.stage_ms()["retrieval"] == 600.0
+
+
+def test_a_turn_whose_words_were_lost_is_its_own_turn_closed_by_its_spoken_apology():
+    """Before: with no transcript the turn never ended, and the next utterance joined it."""
+    closed = []
+    timeline = TurnTimeline(on_closed=closed.append)
+    timeline.user_stopped_speaking(100.0)
+    timeline.transcript_lost(100.2)
+    timeline.bot_started_speaking(100.5)
+    timeline.spoken_text("Sorry, I didn't catch that.")
+    assert timeline.bot_stopped_speaking(102.0) is closed[0]  # no LLM reply to wait for
+    assert (closed[0].user_text, closed[0].ttfs_ms) == ("", 500.0)
+    assert timeline.user_stopped_speaking(110.0) is not closed[0] and len(timeline.turns) == 2

@@ -9,7 +9,7 @@ from typing import Any
 import numpy as np
 import soxr
 
-from models.errors import CadenceError, ConfigError
+from models.errors import ConfigError
 from models.base import TTSEngine
 from models.orpheus.codec import SnacCodec
 from models.orpheus.decode_service import DecodeServiceConfig, SnacDecodeService
@@ -18,6 +18,7 @@ from models.orpheus.options import OrpheusOptions
 from models.orpheus.prompt import EMOTION_TAGS
 from models.orpheus.snac_decoder import load_snac
 from models.orpheus.token_source import OpenAICompletionsTokenSource, OrpheusSampling
+from models.stalls import StallLimits, without_stalls
 
 log = logging.getLogger(__name__)
 BEGIN_OF_TEXT = 128000
@@ -63,7 +64,8 @@ def build_orpheus(config: OrpheusOptions, *, fallback: TTSEngine | None = None,
         sampling=OrpheusSampling(temperature=config.temperature, top_p=config.top_p,
                                  repetition_penalty=config.repetition_penalty, max_tokens=config.max_tokens),
     )
-    return engine if fallback is None else FallbackTTSEngine(engine, fallback)
+    return engine if fallback is None else FallbackTTSEngine(engine, fallback,
+                                                             first_audio_within_s=config.fallback_after_seconds)
 
 
 def codec_builder(config: OrpheusOptions, urls: Sequence[str] = ()) -> Callable[[], SnacCodec]:
@@ -90,10 +92,14 @@ def without_emotion_tags(text: str) -> str:
 
 
 class FallbackTTSEngine(TTSEngine):
-    """The primary voice; a sentence it fails before any audio is said by the fallback voice."""
+    """The primary voice; a sentence it fails, or gives no audio for within
+    `first_audio_within_s`, is said by the fallback voice."""
 
-    def __init__(self, primary: TTSEngine, fallback: TTSEngine) -> None:
+    def __init__(self, primary: TTSEngine, fallback: TTSEngine, *, first_audio_within_s: float | None = None) -> None:
         self._primary, self._fallback = primary, fallback
+        # Once audio came, the primary has the sentence: the service's own deadlines cover a
+        # stall after that (pipelines/tts.py).
+        self._limits = StallLimits(first_audio_within_s) if first_audio_within_s else None
         self.sample_rate = primary.sample_rate
         self.fallbacks = 0
 
@@ -116,11 +122,11 @@ class FallbackTTSEngine(TTSEngine):
     async def synthesize(self, text: str) -> AsyncIterator[bytes]:
         started = False
         try:
-            async for chunk in self._primary.synthesize(text):
+            async for chunk in without_stalls(self._primary.synthesize(text), self._limits, what="primary voice"):
                 started = True
                 yield chunk
             return
-        except (CadenceError, ConnectionError, ValueError) as exc:
+        except Exception as exc:  # whatever failed it, the sentence is said by the other voice
             if started:
                 raise
             self.fallbacks += 1

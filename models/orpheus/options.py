@@ -34,3 +34,6 @@ class OrpheusOptions:
     batch_timeout_ms: float = 15.0
     compile: bool = False  # torch.compile the SNAC decoder (GPU hosts)
     fallback_to_piper: bool = True  # a sentence Orpheus cannot say is said by the CPU voice
+    # A sentence with no Orpheus audio this long after it was asked for (a stuck worker, a
+    # full GPU) is said by the CPU voice instead. Orpheus' first audio takes ~0.2 s on a GPU.
+    fallback_after_seconds: float = 1.5

@@ -26,7 +26,10 @@ from tests.test_bad_input import START, closed_with, wait_for_no_calls
 from tests.test_bad_input import server_errors  # noqa: F401 - a fixture
 
 TURN_LIMIT_S, DIALOGUE_CHARS, SPEECH_S = 5.0, 200, 30.0
-HEARD = "and then the beans climbed all the way up the fence"  # what the scripted ASR hears in each part
+# What the scripted ASR hears in each part: six long words, so that no part (the last can be
+# short) is dropped as faster than anyone speaks (an 11-word text on a 1.5 s tail was, under
+# load), and the turn still outgrows the dialogue budget.
+HEARD = "beanstalks climbed everywhere alongside neighbouring fences"
 FRAME = 160  # 20 ms at 8 kHz
 
 

@@ -1,0 +1,63 @@
+"""Deadlines on a model's answer while it streams.
+
+A worker that is stopped, deadlocked or lost behind a dead network path sends nothing, and
+a client waits out its read timeout (30 s) before it knows; a caller would hear 30 s of
+silence. A turn cannot wait that long: `without_stalls` gives up on a stream whose first
+item takes longer than `first_s`, or whose next one takes longer than `next_s`, with a
+StalledError the pipeline turns into a spoken apology. Only the wait for the model counts:
+the time its consumer spends on an item (pushing audio on) does not.
+"""
+
+from __future__ import annotations
+
+import asyncio
+from collections.abc import AsyncIterator
+from dataclasses import dataclass
+from typing import TypeVar
+
+from models.errors import StalledError
+
+T = TypeVar("T")
+
+
+@dataclass(frozen=True)
+class StallLimits:
+    first_s: float  # from the request to its first item: queueing and prefill included
+    next_s: float | None = None  # between one item and the next; None: no limit once it started
+
+    def __post_init__(self) -> None:
+        if self.first_s <= 0 or (self.next_s is not None and self.next_s <= 0):
+            raise ValueError("stall limits must be > 0")
+
+
+async def without_stalls(stream: AsyncIterator[T], limits: StallLimits | None, *, what: str) -> AsyncIterator[T]:
+    """`stream`'s items, or StalledError naming `what` once one is late. The stream is closed
+    either way (a remote engine then cancels its request). `limits` None: no deadline."""
+    try:
+        if limits is None:
+            async for item in stream:
+                yield item
+            return
+        first = True
+        while True:
+            within = limits.first_s if first else limits.next_s
+            try:
+                async with asyncio.timeout(within):
+                    item = await anext(stream)
+            except StopAsyncIteration:
+                return
+            except TimeoutError:
+                which = "first answer" if first else "next piece"
+                raise StalledError(f"{what}: no {which} within {within:.1f} s") from None
+            yield item
+            first = False
+    finally:
+        aclose = getattr(stream, "aclose", None)
+        if aclose is not None:
+            await aclose()
+
+
+
+def failure_kind(exc: BaseException) -> str:
+    """A lost answer's label for metrics: `stalled` (past its deadline) or `error`."""
+    return "stalled" if isinstance(exc, (StalledError, TimeoutError)) else "error"

@@ -146,6 +146,11 @@ class LLMConfig(LlamaCppOptions):
 class TTSConfig(PiperOptions):
     engine: str = "piper"  # or "orpheus"
     orpheus: OrpheusOptions = OrpheusOptions()
+    # A voice served by a worker (a deployment's tts): a sentence it fails, or gives no audio
+    # for within fallback_after_seconds (a worker that died or is stuck), is said by the CPU
+    # voice above, loaded in this process as well. false: such a sentence is skipped.
+    worker_fallback: bool = True
+    fallback_after_seconds: float = 1.5
 
 
 @dataclass(frozen=True)
@@ -305,6 +310,8 @@ def _validate(config: CadenceConfig) -> None:
         (all(seconds > 0 for name, seconds in dataclasses.asdict(config.deadlines).items()
              if name != "asr_per_audio_second") and config.deadlines.asr_per_audio_second >= 0,
          "deadlines must be > 0 (deadlines.asr_per_audio_second may be 0)"),
+        (0 < config.tts.fallback_after_seconds < config.deadlines.tts_first_audio_seconds,
+         "tts.fallback_after_seconds must be > 0 and below deadlines.tts_first_audio_seconds"),
         (0 < config.tts.orpheus.fallback_after_seconds < config.deadlines.tts_first_audio_seconds,
          "tts.orpheus.fallback_after_seconds must be > 0 and below deadlines.tts_first_audio_seconds "
          "(the fallback voice needs time to say the sentence)"),

@@ -63,7 +63,13 @@ def build_tts(config: CadenceConfig, endpoint: Endpoint | None = None, codec: En
     if endpoint is not None:
         from models.remote import RemoteTTSEngine
 
-        return RemoteTTSEngine(endpoint.urls)
+        worker = RemoteTTSEngine(endpoint.urls)
+        if not config.tts.worker_fallback:
+            return worker
+        from models.fallback_voice import FallbackTTSEngine
+        from models.piper_tts import PiperTTSEngine
+
+        return FallbackTTSEngine(worker, PiperTTSEngine(config.tts), first_audio_within_s=config.tts.fallback_after_seconds)
     if config.tts.engine == "piper":
         from models.piper_tts import PiperTTSEngine
 

@@ -33,6 +33,11 @@ on loopback that the bench starts itself; every scenario is bounded in count and
     access        missing, wrong, expired, reused and alg:none credentials and a foreign Origin
                   on every route that starts a call or changes an agent (taken from the server's
                   own route list): 100 % refused, a valid key accepted; no secret in the log
+    model-failures  ASR, LLM and TTS workers (real models, each its own process) killed or
+                  stopped while a caller's turn is being served: the caller hears an apology
+                  (or the CPU voice) within 2 s of the failure being known, the next turn is
+                  answered, the worker is back within 30 s, another caller's TTFS p95 rises
+                  20 % at most
     drain         SIGTERM with 10 live calls: /readyz 503 within 1 s, new calls refused, live
                   calls kept until they hang up, exit 0, every call stored as ended
 
@@ -45,8 +50,9 @@ import asyncio
 from dataclasses import dataclass
 from pathlib import Path
 
+from agent.config import load_config
 from latency_bench import (chaos_access, chaos_admission, chaos_bad_audio, chaos_drain, chaos_endless, chaos_malformed,
-                           chaos_poison, chaos_sdp, chaos_oversize, chaos_slow_clients,
+                           chaos_model_failures, chaos_poison, chaos_sdp, chaos_oversize, chaos_slow_clients,
                            chaos_vanishing, servers)
 
 SLOW_CLIENTS, SILENT_SOCKETS, BURST_CAP, BURST_EXTRA, DRAIN_CALLS = 200, 200, 4, 50, 10
@@ -202,9 +208,10 @@ async def _on_shared_server(base_url: str, name: str, log: Path) -> Verdict:
     return judge_admission(await chaos_admission.run_burst(base_url, cap=BURST_CAP, extra=BURST_EXTRA))
 
 
-SCENARIOS = ("slow-clients", "handshake", "admission", "oversize", "vanishing", "malformed", "bad-audio", "endless", "sdp", "poison", "access",
-             "drain")
-OWN_SERVER = ("poison", "access", "drain")  # each starts a server of its own (INFO logs; a key; a SIGTERM)
+SCENARIOS = ("slow-clients", "handshake", "admission", "oversize", "vanishing", "malformed", "bad-audio", "endless",
+             "sdp", "poison", "access", "model-failures", "drain")
+# Each starts a server of its own (INFO logs; a key; model workers; a SIGTERM).
+OWN_SERVER = ("poison", "access", "model-failures", "drain")
 
 
 def run(names: list[str], out: Path, *, config: Path = servers.DEFAULT_CONFIG) -> list[Verdict]:
@@ -227,6 +234,10 @@ def run(names: list[str], out: Path, *, config: Path = servers.DEFAULT_CONFIG) -
         with chaos_access.server(out / "access", config=config) as (base_url, key, log):
             verdicts.append(chaos_access.judge(asyncio.run(chaos_access.run(base_url, key=key,
                                                                             read_log=log.read_text))))
+    if "model-failures" in names:
+        with chaos_model_failures.server(out / "model-failures", config=config) as (base_url, read_log):
+            verdicts.append(Verdict(**chaos_model_failures.judge(asyncio.run(chaos_model_failures.run(
+                base_url, read_log=read_log, deadlines=chaos_model_failures.deadlines_of(load_config(config)))))))
     if "drain" in names:
         verdicts.append(judge_drain(asyncio.run(chaos_drain.run(
             out / "drain", calls=DRAIN_CALLS, grace_s=DRAIN_GRACE_S, hold_s=DRAIN_HOLD_S, config=config))))

@@ -62,10 +62,12 @@ async def call(
     reply_quiet_s: float = 1.5,
     on_turn: Callable[[TurnRecord], None] | None = None,
     agent: str | None = None,
+    call_sid: str | None = None,
 ) -> CallResult:
     """One phone call to `url` (the server's /ws/twilio) that goes through `plan`, with
-    `agent` (None: the server's default) named in the start event's customParameters."""
-    stream_sid, call_sid = "MZ" + uuid.uuid4().hex, "CA" + uuid.uuid4().hex
+    `agent` (None: the server's default) named in the start event's customParameters.
+    `call_sid`: the call's id at the "provider" (default: a new one), to find it on the server."""
+    stream_sid, call_sid = "MZ" + uuid.uuid4().hex, call_sid or "CA" + uuid.uuid4().hex
     tracker = ReplyTracker(keep_audio=keep_audio)
     error = None
     async with websockets.connect(url, max_size=2**20, open_timeout=10) as ws:

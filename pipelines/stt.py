@@ -206,22 +206,23 @@ class EngineSTTService(EagerEndOfTurnSTTServiceMixin, SegmentedSTTService):
         voice = self._pause_judge.listen(audio) if self._pause_judge is not None else None
         task = self.create_task(self._speculate(self._fit(audio), self._agreement.committed_text, voice),
                                 name="speculative-asr")
-        # A dropped guess may have failed (engine busy); mark its error seen so asyncio does not
-        # report it. A guess that is used re-raises its error where it is awaited.
+        # A guess that failed gives None (pipecat's task wrapper would log its error and return
+        # None anyway): the turn's end then transcribes the audio afresh.
         task.add_done_callback(lambda t: t.cancelled() or t.exception())
         self._speculation = _Speculation(audio_bytes=len(audio), task=task)
 
-    async def _speculate(self, audio: bytes, settled: str, voice: asyncio.Task | None) -> Transcript:
+    async def _speculate(self, audio: bytes, settled: str, voice: asyncio.Task | None) -> Transcript | None:
         # Wanted when the pause would end the turn: a final transcript (another call's turn
         # that has ended) goes first if both wait for the engine.
         lead = self._speculation_lead_s
         try:
             with wanted_in(lead) if lead is not None else contextlib.nullcontext():
                 transcript = await self._continuing(audio, settled)
-        except CadenceError:
+        except CadenceError as exc:  # busy, or its worker gone: a guess is not worth an error
+            log.info("speculative transcript failed (%s); the turn's end will transcribe afresh", exc)
             if self._pause_judge is not None:
                 self._pause_judge.undecided()
-            raise
+            return None
         finally:
             if voice is not None and asyncio.current_task().cancelling():
                 voice.cancel()  # the caller went on: nobody needs the verdict
@@ -375,10 +376,11 @@ class EngineSTTService(EagerEndOfTurnSTTServiceMixin, SegmentedSTTService):
         if speculation is not None and len(audio) >= speculation.audio_bytes:
             try:
                 transcript = await speculation.task
-                self.speculations_used += 1
-                log.debug("speculative transcript used (%d used, %d dropped so far)",
-                          self.speculations_used, self.speculations_dropped)
-                return transcript
+                if transcript is not None:  # None: the guess failed
+                    self.speculations_used += 1
+                    log.debug("speculative transcript used (%d used, %d dropped so far)",
+                              self.speculations_used, self.speculations_dropped)
+                    return transcript
             except asyncio.CancelledError:
                 if asyncio.current_task().cancelling():
                     raise

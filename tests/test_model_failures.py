@@ -31,7 +31,8 @@ from latency_bench.audio import speak
 from latency_bench.conversation import PlannedTurn
 from models.base import ASREngine, ChatMessage, LLMEngine, Sampling, TTSEngine, Transcript
 from models.errors import StalledError, WorkerUnavailableError
-from models.orpheus.build import FallbackTTSEngine
+from models.fallback_voice import FallbackTTSEngine
+from models.orpheus.build import without_emotion_tags
 from models.stalls import StallLimits, without_stalls
 from pipelines.llm import CUT_SHORT_REPLY, FALLBACK_REPLY, EngineLLMService
 from pipelines.stt import NOT_HEARD_REPLY, EngineSTTService
@@ -227,7 +228,8 @@ async def test_a_sentence_whose_voice_stalls_is_skipped_and_the_next_is_still_tr
 
 async def test_a_primary_voice_with_no_audio_in_time_hands_the_sentence_to_the_fallback_voice():
     fallback = ToneTTS()
-    engine = FallbackTTSEngine(HangingTTS(), fallback, first_audio_within_s=DEADLINE_S)
+    engine = FallbackTTSEngine(HangingTTS(), fallback, first_audio_within_s=DEADLINE_S,
+                               fallback_text=without_emotion_tags)  # as the Orpheus voice has it
     audio = [chunk async for chunk in engine.synthesize("Hello <laugh> there.")]
     assert audio and fallback.sentences == ["Hello there."] and engine.fallbacks == 1
 

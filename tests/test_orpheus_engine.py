@@ -15,7 +15,8 @@ from latency_bench import twilio_caller
 from latency_bench.audio import speak
 from latency_bench.conversation import PlannedTurn
 from models.base import TTSEngine
-from models.orpheus.build import FallbackTTSEngine, build_orpheus, byte_tokenizer
+from models.fallback_voice import FallbackTTSEngine
+from models.orpheus.build import build_orpheus, byte_tokenizer
 from models.orpheus.engine import MAX_REQUEST_CHARS, split_long_text
 from models.orpheus.prompt import prompt_ids
 from models.orpheus.tiny_llama import InProcessTokenSource

@@ -26,6 +26,7 @@ from pipecat.processors.aggregators.llm_context import LLMContext
 from pipecat.processors.frame_processor import FrameProcessor
 from pipecat.tests.utils import run_test
 
+from models.errors import CapacityError
 from pipelines.llm import CUT_SHORT_REPLY, FALLBACK_REPLY, EngineLLMService, prompt_window
 from pipelines.stt import CallerSpeechEndFrame, EngineSTTService, compression_ratio, is_plausible
 from pipelines.tts import EngineTTSService
@@ -264,6 +265,27 @@ async def test_speech_after_a_pause_drops_the_speculation_and_transcribes_the_wh
     assert [f.text for f in down if isinstance(f, TranscriptionFrame)] == ["book a table for four"]
     assert stt.speculations_dropped == 1 and stt.speculations_used == 0
     assert len(engine.heard[-1]) == 45 * len(SPEECH_20MS)  # the final run saw the whole turn
+
+
+async def test_a_guess_that_failed_leaves_the_turns_end_to_transcribe_afresh():
+    """Found by chaos model-failures: the ASR worker restarting refused the guess at the pause
+    (503, loading); pipecat's task wrapper turned its error into None, and the turn's end read
+    None as the transcript: the turn was lost with no apology."""
+
+    class RefusesFirst(ScriptedASR):
+        async def transcribe(self, pcm16, *, prompt=None):
+            if not self.heard:
+                self.heard.append(pcm16)
+                raise CapacityError("asr worker is busy: loading the engine; retry later")
+            return await super().transcribe(pcm16, prompt=prompt)
+
+    engine = RefusesFirst("book a table")
+    stt = EngineSTTService(engine, max_segment_seconds=30)
+    frames = [VADUserStartedSpeakingFrame(), *speech(20), PauseMarker(), *speech(10),
+              VADUserStoppedSpeakingFrame(stop_secs=0.4)]
+    down, _ = await run_test(Pipeline([PauseSignals(stt), stt]), frames_to_send=frames)
+    assert [f.text for f in down if isinstance(f, TranscriptionFrame)] == ["book a table"]
+    assert len(engine.heard) == 2 and stt.speculations_used == 0 and stt.transcripts_lost == 0
 
 
 def test_a_later_sentence_is_wanted_when_the_audio_ahead_of_it_runs_low():

@@ -10,6 +10,7 @@ would fill and stall it). Stopping sends SIGTERM to all, waits a grace period, t
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import ctypes
 import logging
 import os
@@ -36,6 +37,12 @@ class SupervisorOptions:
     backoff_max_s: float = 10.0  # the delay doubles per crash up to this
     # Up this long since its last start, a worker's next crash counts as the first again.
     backoff_reset_after_s: float = 60.0
+    # A ready worker is probed this often; one that has not answered `liveness_misses` probes in
+    # a row (each given the client's 2 s) is stuck (a deadlock, a stopped process, a wedged
+    # device): it is killed and restarted like a crash. Answering at all is alive: a busy
+    # worker's 503 counts as an answer. Calls meanwhile get apologies at their deadlines.
+    liveness_every_s: float = 2.0
+    liveness_misses: int = 3
 
 
 class RestartBackoff:
@@ -149,7 +156,7 @@ class WorkerSupervisor:
         backoff = RestartBackoff(self._options)
         while not self._stopping:
             assert worker.process is not None
-            code = await worker.process.wait()
+            code = await self._until_exit_or_stuck(worker)
             if self._stopping:
                 return
             worker.ready = False
@@ -167,6 +174,30 @@ class WorkerSupervisor:
                 log.error("%s", exc)  # the loop goes on: the process exits or is killed, and is retried
                 if worker.process.returncode is None:
                     _signal(worker.process, signal.SIGKILL)
+
+    async def _until_exit_or_stuck(self, worker: WorkerState) -> int:
+        """The worker's exit status; one that stops answering its probe is killed first."""
+        process = worker.process
+        assert process is not None
+        misses = 0
+        while True:
+            with contextlib.suppress(TimeoutError):
+                return await asyncio.wait_for(asyncio.shield(process.wait()), self._options.liveness_every_s)
+            if self._stopping:
+                return await process.wait()
+            misses = 0 if await self._answers(worker.launch) else misses + 1
+            if misses >= self._options.liveness_misses:
+                log.error("worker %s (pid %d) has not answered %d health probes in a row; killing it",
+                          worker.launch.name, process.pid, misses)
+                _signal(process, signal.SIGKILL)
+                return await process.wait()
+
+    async def _answers(self, launch: WorkerLaunch) -> bool:
+        try:
+            await self._http.get(launch.base_url + launch.ready_path)
+        except httpx.HTTPError:
+            return False
+        return True
 
     async def stop(self) -> None:
         """SIGTERM to every worker, SIGKILL to those still up after the grace period."""

@@ -3,11 +3,7 @@
 from __future__ import annotations
 
 import logging
-from collections.abc import AsyncIterator, Callable, Sequence
-from typing import Any
-
-import numpy as np
-import soxr
+from collections.abc import Callable, Sequence
 
 from models.errors import ConfigError
 from models.base import TTSEngine
@@ -18,7 +14,7 @@ from models.orpheus.options import OrpheusOptions
 from models.orpheus.prompt import EMOTION_TAGS
 from models.orpheus.snac_decoder import load_snac
 from models.orpheus.token_source import OpenAICompletionsTokenSource, OrpheusSampling
-from models.stalls import StallLimits, without_stalls
+from models.fallback_voice import FallbackTTSEngine
 
 log = logging.getLogger(__name__)
 BEGIN_OF_TEXT = 128000
@@ -64,7 +60,7 @@ def build_orpheus(config: OrpheusOptions, *, fallback: TTSEngine | None = None,
         sampling=OrpheusSampling(temperature=config.temperature, top_p=config.top_p,
                                  repetition_penalty=config.repetition_penalty, max_tokens=config.max_tokens),
     )
-    return engine if fallback is None else FallbackTTSEngine(engine, fallback,
+    return engine if fallback is None else FallbackTTSEngine(engine, fallback, fallback_text=without_emotion_tags,
                                                              first_audio_within_s=config.fallback_after_seconds)
 
 
@@ -89,55 +85,3 @@ def without_emotion_tags(text: str) -> str:
     for tag in EMOTION_TAGS:
         text = text.replace(tag, " ")
     return " ".join(text.split())
-
-
-class FallbackTTSEngine(TTSEngine):
-    """The primary voice; a sentence it fails, or gives no audio for within
-    `first_audio_within_s`, is said by the fallback voice."""
-
-    def __init__(self, primary: TTSEngine, fallback: TTSEngine, *, first_audio_within_s: float | None = None) -> None:
-        self._primary, self._fallback = primary, fallback
-        # Once audio came, the primary has the sentence: the service's own deadlines cover a
-        # stall after that (pipelines/tts.py).
-        self._limits = StallLimits(first_audio_within_s) if first_audio_within_s else None
-        self.sample_rate = primary.sample_rate
-        self.fallbacks = 0
-
-    def load(self) -> None:
-        self._primary.load()
-        self._fallback.load()
-
-    def warm_up(self) -> None:
-        self._primary.warm_up()
-        self._fallback.warm_up()
-
-    @property
-    def queue_depth(self) -> int:
-        return getattr(self._primary, "queue_depth", 0)
-
-    def health(self) -> dict[str, Any]:
-        """The primary voice's, and how many sentences the fallback voice has had to say."""
-        return {**self._primary.health(), "fallbacks": self.fallbacks}
-
-    async def synthesize(self, text: str) -> AsyncIterator[bytes]:
-        started = False
-        try:
-            async for chunk in without_stalls(self._primary.synthesize(text), self._limits, what="primary voice"):
-                started = True
-                yield chunk
-            return
-        except Exception as exc:  # whatever failed it, the sentence is said by the other voice
-            if started:
-                raise
-            self.fallbacks += 1
-            log.warning("primary voice failed (%s: %s); this sentence falls back to the CPU voice",
-                        exc.__class__.__name__, exc)
-        # The voices run at different rates; one streaming resampler keeps chunk edges seamless.
-        resampler = soxr.ResampleStream(self._fallback.sample_rate, self.sample_rate, 1, dtype="int16")
-        async for chunk in self._fallback.synthesize(without_emotion_tags(text)):
-            yield resampler.resample_chunk(np.frombuffer(chunk, dtype=np.int16)).tobytes()
-        yield resampler.resample_chunk(np.zeros(0, dtype=np.int16), last=True).tobytes()
-
-    async def close(self) -> None:
-        await self._primary.close()
-        await self._fallback.close()

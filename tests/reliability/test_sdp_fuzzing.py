@@ -163,6 +163,16 @@ def test_fuzzed_offers_are_refused_4xx_or_answered_and_hung_up_never_5xx(server,
     assert not [r for r in server_errors if "Traceback" in r or "[traceback]" in r]
 
 
+async def _once_ended(http: httpx.AsyncClient, call_id: str) -> dict:
+    """The call once it is no longer live, or as it is after CALL_END_LIMIT_S."""
+    for _ in range(int(CALL_END_LIMIT_S / 0.05)):
+        call = (await http.get(f"/api/calls/{call_id}")).json()
+        if not call["live"]:
+            break
+        await asyncio.sleep(0.05)
+    return call
+
+
 @pytest.mark.parametrize("kind", ["whole, its candidates unanswered", "no candidates, end-of-candidates"])
 async def test_a_peer_that_never_connects_is_hung_up_at_the_deadline_and_its_connection_closed(server, seeds, kind):
     """Before: the first held its call slot 60 s (pipecat's own connecting timeout); the second
@@ -173,11 +183,7 @@ async def test_a_peer_that_never_connects_is_hung_up_at_the_deadline_and_its_con
     sockets_before = _udp_sockets()
     async with httpx.AsyncClient(base_url=server.base_url, timeout=10) as http:
         answer = (await http.post("/api/offer", json={"sdp": sdp, "type": "offer"})).json()
-        for _ in range(int(CALL_END_LIMIT_S / 0.05)):
-            call = (await http.get(f"/api/calls/{answer['call_id']}")).json()
-            if not call["live"]:
-                break
-            await asyncio.sleep(0.05)
+        call = await _once_ended(http, answer["call_id"])
         assert not call["live"] and call["end_reason"] == "handshake_timeout"
         for _ in range(100):
             if _udp_sockets() <= sockets_before:
@@ -207,11 +213,7 @@ async def test_a_peer_hung_up_while_its_pipeline_is_still_being_built_ends_at_on
             await asyncio.sleep(0.05)
         assert built.is_set()
         may_finish.set()
-        for _ in range(int(CALL_END_LIMIT_S / 0.05)):
-            call = (await http.get(f"/api/calls/{answer['call_id']}")).json()
-            if not call["live"]:
-                break
-            await asyncio.sleep(0.05)
+        call = await _once_ended(http, answer["call_id"])
         assert not call["live"] and call["end_reason"] == "handshake_timeout"
 
 

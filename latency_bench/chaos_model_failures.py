@@ -1,0 +1,279 @@
+"""Chaos scenario: model workers that die or get stuck in the middle of calls (issue 13,
+scenario 13), on real models, each in its own worker process (configs/deployments/cpu-workers.yaml).
+
+Two phone callers talk to one server. One is the faulted caller: in each fault case one of
+its turns meets a worker (ASR, LLM or TTS) that is killed (SIGKILL: a crash, its request
+failing at once) or stopped (SIGSTOP: a hang, nothing coming back) while that turn is being
+served, and its next turn checks that the call goes on. The other is the clean caller,
+talking all along; its TTFS p95 during the faults is set against a first round with no
+faults. A stopped worker is left stopped: the server's supervisor must find it stuck and
+restart it, as it restarts one that crashed.
+
+Per fault: whether the faulted turn was answered (an apology, or for the voice the CPU
+fallback voice), how long after the failure was known (at once for a kill; a stop is known
+when the deadline passes), what the server stored, whether the next turn was a real answer,
+and how long until the worker was back. The clean caller shares the worker, so its turns in
+flight at a fault meet it too; they are counted. `run` returns the figures; `judge` decides.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import os
+import re
+import signal
+import time
+import uuid
+from collections.abc import Callable, Iterator
+from dataclasses import dataclass
+from datetime import datetime
+from pathlib import Path
+
+import httpx
+
+from agent.config import CadenceConfig
+from latency_bench import servers, twilio_caller
+from latency_bench.chaos_admission import ws_url
+from latency_bench.conversation import PlannedTurn
+from latency_bench.listen import TurnRecord
+from latency_bench.speech import available_voices, speak_as
+from latency_bench.stats import percentile
+
+CPU_WORKERS = "configs/deployments/cpu-workers.yaml"
+FAULTS = (("asr", "killed"), ("asr", "stopped"), ("llm", "killed"), ("llm", "stopped"),
+          ("tts", "killed"), ("tts", "stopped"))
+QUESTIONS = ("What time do you open on Saturday?", "Can I book a table for two tonight?",
+             "Do you have parking near the entrance?", "How much is the lunch menu?")
+# Said by the server instead of a reply (pipelines/llm.py, pipelines/stt.py).
+APOLOGIES = ("didn't catch that", "lost my train of thought")
+PAUSE_S = 1.5  # between a reply and the caller's next words
+# Before the turn after a fault: a stuck worker is found by the supervisor's probes (~6-12 s)
+# and restarted (~1-3 s to load); the turn then shows whether the call goes on.
+RECOVERY_PAUSE_S = 20.0
+BASELINE_TURNS = 6  # the faulted caller's turns before the first fault: the clean caller's baseline
+ANSWER_WITHIN_S = 2.0  # the pass figure: heard this long after the failure is known
+BACK_WITHIN_S = 30.0
+_STARTED = re.compile(r"worker (\S+) started \(pid (\d+)\) on \S+ at (\S+)")
+
+
+@dataclass(frozen=True)
+class Worker:
+    name: str
+    pid: int
+    url: str
+
+
+def workers_in(log_text: str) -> dict[str, Worker]:
+    """Each worker's newest process, from the server's INFO log (the supervisor logs each start)."""
+    found = {}
+    for name, pid, url in _STARTED.findall(log_text):
+        found[name] = Worker(name, int(pid), url)
+    return found
+
+
+def deadlines_of(config: CadenceConfig) -> dict[str, Callable[[float], float]]:
+    """Per model, seconds of speech -> how long the server waits on it before it gives up:
+    the transcript's deadline, the reply's first token, the worker voice's fallback."""
+    return {"asr": config.deadlines.asr_seconds_for,
+            "llm": lambda seconds: config.deadlines.llm_first_token_seconds,
+            "tts": lambda seconds: config.tts.fallback_after_seconds}
+
+
+@contextlib.contextmanager
+def server(out: Path, *, config: Path = servers.DEFAULT_CONFIG) -> Iterator[tuple[str, Callable[[], str]]]:
+    """The default config with every model in a worker; its log at INFO (worker starts)."""
+    log = out / "cadence.log"
+    with servers.cadence(out, max_calls=2, config=config, deployment=CPU_WORKERS, log_level="info") as base_url:
+        yield base_url, log.read_text
+
+
+def _plan(turns: int, *, voice: str, offset: int = 0, recovery_turns: frozenset[int] = frozenset()) -> list[PlannedTurn]:
+    plan = []
+    for i in range(turns):
+        text = QUESTIONS[(i + offset) % len(QUESTIONS)]
+        samples, rate = speak_as(text, voice)
+        plan.append(PlannedTurn.of(samples, rate, text,
+                                   pause_before_s=RECOVERY_PAUSE_S if i in recovery_turns else PAUSE_S))
+    return plan
+
+
+def _is_apology(text: str) -> bool:
+    return any(a in text.lower() for a in APOLOGIES)
+
+
+class FaultInjector:
+    """Arms one fault per fault case on the faulted caller's turns, told of each turn as it
+    completes (`turn_done`). A fault on the ASR lands while the turn is being spoken; on the
+    LLM when the turn has ended (its reply being generated); on the TTS once the reply's first
+    words are written (its first sentence being synthesised)."""
+
+    def __init__(self, http: httpx.AsyncClient, read_log: Callable[[], str], call_sid: str,
+                 faults: tuple[tuple[str, str], ...], *, baseline_turns: int) -> None:
+        self._http, self._read_log, self._call_sid = http, read_log, call_sid
+        self._faults = list(faults)
+        self._baseline_turns = baseline_turns
+        self._turn_done: asyncio.Queue[TurnRecord] = asyncio.Queue()
+        self.cases: list[dict] = []
+
+    def turn_done(self, turn: TurnRecord) -> None:
+        self._turn_done.put_nowait(turn)
+
+    async def _call(self) -> dict:
+        calls = (await self._http.get("/api/calls", params={"external_id": self._call_sid})).json()["calls"]
+        return (await self._http.get(f"/api/calls/{calls[0]['id']}")).json() if calls else {}
+
+    async def _turns(self) -> list[dict]:
+        return (await self._call()).get("turns", [])
+
+    async def _until(self, condition, timeout_s: float = 60.0) -> None:
+        deadline = time.monotonic() + timeout_s
+        while not await condition():
+            if time.monotonic() > deadline:
+                raise TimeoutError
+            await asyncio.sleep(0.02)
+
+    async def run(self, plan: list[PlannedTurn]) -> None:
+        """Turn by turn: baseline turns pass; then each fault case takes two turns (the faulted
+        one and the one after it)."""
+        for _ in range(self._baseline_turns - 1):
+            await self._turn_done.get()
+        for role, kind in self._faults:
+            await self._turn_done.get()  # the turn before the faulted one is over: its pause begins
+            before = len(await self._turns())
+            spoken_s = plan[self._baseline_turns + 2 * len(self.cases)].utterance.seconds
+            if role == "asr":
+                await asyncio.sleep(PAUSE_S + spoken_s / 2)  # mid-utterance: its transcription is next
+            else:
+                await self._until(lambda: self._new_turn_at(before, "llm_first_token" if role == "tts" else None))
+            worker = workers_in(self._read_log())[role]
+            backs_before = len(self._backs(worker))
+            fault_at = time.time()
+            os.kill(worker.pid, signal.SIGKILL if kind == "killed" else signal.SIGSTOP)
+            faulted = await self._turn_done.get()
+            back_s = await self._back_after(worker, fault_at, backs_before)
+            self.cases.append({"role": role, "kind": kind, "fault_at": fault_at, "worker": worker.name,
+                               "pid": worker.pid, "turn": faulted, "back_after_s": back_s})
+        await self._turn_done.get()  # the last case's next turn
+
+    async def _new_turn_at(self, before: int, stage: str | None) -> bool:
+        turns = await self._turns()
+        return len(turns) > before and (stage is None or stage in turns[-1].get("stage_ms", {}))
+
+    def _backs(self, worker: Worker) -> list[float]:
+        """When the supervisor logged the worker back (ready), each time, as Unix times."""
+        pattern = rf"^(\S+ \S+) INFO workers\.supervisor: worker {re.escape(worker.name)} is back"
+        return [datetime.strptime(stamp, "%Y-%m-%d %H:%M:%S,%f").timestamp()
+                for stamp in re.findall(pattern, self._read_log(), re.MULTILINE)]
+
+    async def _back_after(self, worker: Worker, fault_at: float, backs_before: int) -> float | None:
+        """Seconds from the fault until the supervisor had the worker back."""
+        deadline = time.monotonic() + 2 * BACK_WITHIN_S
+        while time.monotonic() < deadline:
+            backs = self._backs(worker)
+            if len(backs) > backs_before:
+                return round(backs[backs_before] - fault_at, 1)
+            await asyncio.sleep(0.1)
+        return None
+
+
+def _known_at(case: dict, turn: TurnRecord, deadlines: dict[str, float]) -> float:
+    """When the server could know the turn had failed: a killed worker's request fails at once
+    (or the next one is refused); a stopped one's at the deadline, counted from the fault or
+    from the end of speech, whichever is later (the request starts no earlier)."""
+    if case["kind"] == "killed":
+        return max(case["fault_at"], turn.speech_end_at or case["fault_at"])
+    start = max(case["fault_at"], turn.speech_end_at or case["fault_at"])
+    return start + deadlines[case["role"]](turn.utterance_seconds)
+
+
+def _ttfs(turns: list[TurnRecord]) -> list[float]:
+    return [t.ttfs_ms for t in turns if t.ttfs_ms is not None]
+
+
+async def run(base_url: str, *, read_log: Callable[[], str], faults: tuple[tuple[str, str], ...] = FAULTS,
+              deadlines: dict[str, Callable[[float], float]], baseline_turns: int = BASELINE_TURNS) -> dict:
+    """`deadlines`: role -> seconds of speech -> the server's deadline for that model.
+    `baseline_turns`: the faulted caller's turns before the first fault."""
+    voices = available_voices()
+    turns = baseline_turns + 2 * len(faults)
+    faulted_plan = _plan(turns, voice=voices[0],
+                         recovery_turns=frozenset(baseline_turns + 2 * i + 1 for i in range(len(faults))))
+    faulted_sid = "CA" + uuid.uuid4().hex
+    async with httpx.AsyncClient(base_url=base_url, timeout=10) as http:
+        injector = FaultInjector(http, read_log, faulted_sid, faults, baseline_turns=baseline_turns)
+        clean_done = asyncio.Event()
+
+        async def clean_caller() -> list[TurnRecord]:
+            records: list[TurnRecord] = []
+            clean_plan = _plan(4, voice=voices[-1], offset=2)
+            while not clean_done.is_set():
+                result = await twilio_caller.call(f"{ws_url(base_url)}/ws/twilio", clean_plan, caller=1,
+                                                  reply_timeout_s=30)
+                records.extend(result.turns)
+            return records
+
+        clean = asyncio.create_task(clean_caller())
+        inject = asyncio.create_task(injector.run(faulted_plan))
+        result = await twilio_caller.call(f"{ws_url(base_url)}/ws/twilio", faulted_plan, call_sid=faulted_sid,
+                                          on_turn=injector.turn_done, reply_timeout_s=30)
+        clean_done.set()
+        clean_turns = await clean
+        await asyncio.wait_for(inject, 120)
+        stored = (await injector._call()).get("turns", [])
+        metrics = (await http.get("/metrics")).text
+    first_fault = min((c["fault_at"] for c in injector.cases), default=time.time())
+    baseline = [t for t in clean_turns if t.speech_end_at and t.speech_end_at < first_fault]
+    during = [t for t in clean_turns if t.speech_end_at and t.speech_end_at >= first_fault]
+    stored_by_end = {round(t.get("end_of_speech_at") or 0, 1): t for t in stored}
+    cases = []
+    for case in injector.cases:
+        turn: TurnRecord = case["turn"]
+        nxt = result.turns[turn.index + 1] if turn.index + 1 < len(result.turns) else None
+        reply = _stored_reply(stored, turn)
+        heard_at = turn.first_audible_at
+        known = _known_at(case, turn, deadlines)
+        cases.append({
+            "fault": f"{case['role']} {case['kind']}", "answered": heard_at is not None,
+            "answer_after_known_ms": round((heard_at - known) * 1000) if heard_at else None,
+            "ttfs_ms": turn.ttfs_ms, "reply": reply[:160], "apology": _is_apology(reply),
+            "next_turn_answered": bool(nxt and nxt.first_audible_at and not _is_apology(_stored_reply(stored, nxt))),
+            "back_after_s": case["back_after_s"], "error": turn.error})
+    return {"faults": cases, "faulted_turns": len(result.turns), "close_code": result.close_code,
+            "error": result.error, "stored_turns": len(stored_by_end),
+            "clean_caller": {"baseline_turns": len(baseline), "during_turns": len(during),
+                             "baseline_p95_ms": percentile(_ttfs(baseline), 95) if baseline else None,
+                             "during_p95_ms": percentile(_ttfs(during), 95) if during else None,
+                             "during_unanswered": sum(1 for t in during if t.first_audible_at is None)},
+            "model_failures_metric": re.findall(r"^cadence_model_failures_total(\{[^}]*\}) ([0-9.]+)$", metrics, re.M)}
+
+
+def _stored_reply(stored: list[dict], turn: TurnRecord) -> str:
+    """The server's reply text for the caller's turn: the stored turn whose end of speech is nearest."""
+    if not stored or turn.speech_end_at is None:
+        return ""
+    nearest = min(stored, key=lambda t: abs((t.get("end_of_speech_at") or 0) - turn.speech_end_at))
+    return nearest.get("reply_text") or ""
+
+
+def judge(f: dict) -> dict:
+    cases = f["faults"]
+    slow = [c for c in cases if c["answer_after_known_ms"] is None or c["answer_after_known_ms"] > ANSWER_WITHIN_S * 1000]
+    not_back = [c for c in cases if c["back_after_s"] is None or c["back_after_s"] > BACK_WITHIN_S]
+    broken = [c for c in cases if not c["next_turn_answered"]]
+    clean = f["clean_caller"]
+    base, during = clean["baseline_p95_ms"], clean["during_p95_ms"]
+    change = (during / base - 1) * 100 if base and during else None
+    passed = not slow and not not_back and not broken and change is not None and change <= 20
+    per_case = "; ".join(f"{c['fault']}: {'heard %+d ms' % c['answer_after_known_ms'] if c['answered'] else 'NOT heard'}"
+                         f" ({'apology' if c['apology'] else 'reply'}), back {c['back_after_s']} s" for c in cases)
+    return {"scenario": "model-failures",
+            "pass_figure": f"ASR, LLM and TTS workers killed or stopped mid-turn: the caller hears an apology (or "
+                           f"the CPU voice) within {ANSWER_WITHIN_S:g} s of the failure being known, the next turn "
+                           f"is answered, the worker is back within {BACK_WITHIN_S:g} s, the other caller's TTFS "
+                           "p95 rises 20 % at most",
+            "measured": f"{per_case}; next turn answered {len(cases) - len(broken)} of {len(cases)}; other caller "
+                        f"p95 {base or 0:.0f} -> {during or 0:.0f} ms"
+                        + (f" ({change:+.0f} %)" if change is not None else "")
+                        + f", {clean['during_unanswered']} of its turns unanswered during faults",
+            "passed": passed, "figures": f}

@@ -38,6 +38,10 @@ on loopback that the bench starts itself; every scenario is bounded in count and
                   (or the CPU voice) within 2 s of the failure being known, the next turn is
                   answered, the worker is back within 30 s, another caller's TTFS p95 rises
                   20 % at most
+    soak          2 callers talking for --minutes (60) in one call each, one caller's clock 0.1 %
+                  fast: memory +1 MB per 10 min at most after warm-up (the first sixth), reply
+                  lag (TTFS p50, first fifth of turns against the last) drifting 50 ms at most,
+                  no underruns, every turn answered
     drain         SIGTERM with 10 live calls: /readyz 503 within 1 s, new calls refused, live
                   calls kept until they hang up, exit 0, every call stored as ended
 
@@ -52,7 +56,7 @@ from pathlib import Path
 
 from agent.config import load_config
 from latency_bench import (chaos_access, chaos_admission, chaos_bad_audio, chaos_drain, chaos_endless, chaos_malformed,
-                           chaos_model_failures, chaos_poison, chaos_sdp, chaos_oversize, chaos_slow_clients,
+                           chaos_model_failures, chaos_poison, chaos_soak, chaos_sdp, chaos_oversize, chaos_slow_clients,
                            chaos_vanishing, servers)
 
 SLOW_CLIENTS, SILENT_SOCKETS, BURST_CAP, BURST_EXTRA, DRAIN_CALLS = 200, 200, 4, 50, 10
@@ -209,12 +213,12 @@ async def _on_shared_server(base_url: str, name: str, log: Path) -> Verdict:
 
 
 SCENARIOS = ("slow-clients", "handshake", "admission", "oversize", "vanishing", "malformed", "bad-audio", "endless",
-             "sdp", "poison", "access", "model-failures", "drain")
-# Each starts a server of its own (INFO logs; a key; model workers; a SIGTERM).
-OWN_SERVER = ("poison", "access", "model-failures", "drain")
+             "sdp", "poison", "access", "model-failures", "soak", "drain")
+# Each starts a server of its own (INFO logs; a key; model workers; calls longer than the limit; a SIGTERM).
+OWN_SERVER = ("poison", "access", "model-failures", "soak", "drain")
 
 
-def run(names: list[str], out: Path, *, config: Path = servers.DEFAULT_CONFIG) -> list[Verdict]:
+def run(names: list[str], out: Path, *, config: Path = servers.DEFAULT_CONFIG, soak_minutes: float = 60.0) -> list[Verdict]:
     unknown = [n for n in names if n not in SCENARIOS]
     if unknown:
         raise ValueError(f"unknown chaos scenarios {unknown}; choose from {', '.join(SCENARIOS)}")
@@ -238,6 +242,12 @@ def run(names: list[str], out: Path, *, config: Path = servers.DEFAULT_CONFIG) -
         with chaos_model_failures.server(out / "model-failures", config=config) as (base_url, read_log):
             verdicts.append(Verdict(**chaos_model_failures.judge(asyncio.run(chaos_model_failures.run(
                 base_url, read_log=read_log, deadlines=chaos_model_failures.deadlines_of(load_config(config)))))))
+    if "soak" in names:
+        # One call each for the whole soak: the call limit must not end it.
+        settings = [f"limits.max_call_seconds={soak_minutes * 60 + 600}"]
+        with servers.cadence(out / "soak", max_calls=2, config=config, settings=settings) as base_url:
+            verdicts.append(Verdict(**chaos_soak.judge(asyncio.run(chaos_soak.run(
+                base_url, minutes=soak_minutes, warmup_minutes=soak_minutes / 6)))))
     if "drain" in names:
         verdicts.append(judge_drain(asyncio.run(chaos_drain.run(
             out / "drain", calls=DRAIN_CALLS, grace_s=DRAIN_GRACE_S, hold_s=DRAIN_HOLD_S, config=config))))

@@ -63,9 +63,12 @@ class PacedLine:
     frame_seconds = 0.02
     max_lag_s = 0.1  # a caller this far behind its schedule (loaded machine) restarts it
 
-    def __init__(self) -> None:
+    def __init__(self, clock_rate: float = 1.0) -> None:
+        """`clock_rate`: how fast the caller's clock runs against true time (1.001: a crystal
+        0.1 % fast sends each 20 ms frame after 19.98 ms)."""
         self._next_at = time.monotonic()
         self.frame_samples = int(self.rate * self.frame_seconds)
+        self._frame_interval_s = self.frame_seconds / clock_rate
 
     async def _send(self, frame: np.ndarray) -> None:
         raise NotImplementedError
@@ -78,7 +81,7 @@ class PacedLine:
         elif delay < -self.max_lag_s:
             self._next_at = time.monotonic()
         await self._send(frame)
-        self._next_at += self.frame_seconds
+        self._next_at += self._frame_interval_s
         return time.time()
 
     async def say(self, samples: np.ndarray, rate: int, on_first_frame: Callable[[float], None]) -> float:
@@ -121,10 +124,14 @@ async def converse(
     reply_quiet_s: float = 1.5,
     max_reply_s: float = 60.0,
     on_turn: Callable[[TurnRecord], None] | None = None,
+    stop_when: Callable[[], bool] = lambda: False,
 ) -> list[TurnRecord]:
-    """Goes through `plan`. A turn fails if no reply is heard within `reply_timeout_s` of the
-    caller's end of speech, or if the reply is still going `max_reply_s` after it began."""
+    """Goes through `plan`, or until `stop_when()` says so before a turn. A turn fails if no
+    reply is heard within `reply_timeout_s` of the caller's end of speech, or if the reply is
+    still going `max_reply_s` after it began."""
     for i, planned in enumerate(plan):
+        if stop_when():
+            break
         barging_in = planned.barge_in_after_s is not None and i > 0 and bool(tracker.turns)
         if barging_in:
             previous = tracker.turns[-1]

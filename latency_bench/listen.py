@@ -96,9 +96,11 @@ class TurnRecord:
             "server": self.server,
         }
 
-    def hear(self, now: float, samples: np.ndarray, rate: int, *, keep_audio: bool) -> None:
-        """One chunk of reply audio that arrived at `now`."""
+    def hear(self, now: float, samples: np.ndarray, rate: int, *, keep_audio: bool, clock_rate: float = 1.0) -> None:
+        """One chunk of reply audio that arrived at `now`, played by a caller whose clock runs
+        at `clock_rate` against true time (a fast one plays it out sooner)."""
         seconds = len(samples) / rate
+        played_s = seconds / clock_rate  # how long the caller's device takes to play it
         audible = is_audible(samples, rate)
         if self.first_packet_at is None:
             if not audible and np.abs(samples.astype(np.int32)).max(initial=0) < DIGITAL_SILENCE_PEAK:
@@ -113,9 +115,9 @@ class TurnRecord:
         assert self._play_end is not None
         if now > self._play_end + STALL_TOLERANCE_S:
             self._hole(now - self._play_end)
-            self._play_end = now + seconds
+            self._play_end = now + played_s
         else:
-            self._play_end = max(self._play_end, now) + seconds
+            self._play_end = max(self._play_end, now) + played_s
         if audible:
             if self.first_audible_at is None:
                 self.first_audible_at = now
@@ -148,8 +150,9 @@ def is_audible(samples: np.ndarray, rate: int, *, window_s: float = 0.01) -> boo
 class ReplyTracker:
     """Which turn the reply audio now arriving belongs to, and when a barged-in reply stopped."""
 
-    def __init__(self, *, keep_audio: bool = False) -> None:
+    def __init__(self, *, keep_audio: bool = False, clock_rate: float = 1.0) -> None:
         self.turns: list[TurnRecord] = []
+        self._clock_rate = clock_rate
         self._target: TurnRecord | None = None  # the turn whose reply is arriving
         self._cleared: TurnRecord | None = None  # a reply a `clear` cut off; late audio counts against it
         self._keep_audio = keep_audio
@@ -175,7 +178,7 @@ class ReplyTracker:
             if self._cleared is not None:
                 self._cleared.late_reply_seconds += len(samples) / rate
             return
-        self._target.hear(now, samples, rate, keep_audio=self._keep_audio)
+        self._target.hear(now, samples, rate, keep_audio=self._keep_audio, clock_rate=self._clock_rate)
 
     def clear(self, now: float) -> None:
         """The server flushed the caller's playout (phone `clear`): what was buffered is not heard."""

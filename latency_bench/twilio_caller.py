@@ -42,8 +42,8 @@ class PhoneLine(PacedLine):
 
     rate = PHONE_RATE
 
-    def __init__(self, ws, stream_sid: str) -> None:
-        super().__init__()
+    def __init__(self, ws, stream_sid: str, clock_rate: float = 1.0) -> None:
+        super().__init__(clock_rate)
         self._ws = ws
         self._stream_sid = stream_sid
 
@@ -63,12 +63,16 @@ async def call(
     on_turn: Callable[[TurnRecord], None] | None = None,
     agent: str | None = None,
     call_sid: str | None = None,
+    clock_rate: float = 1.0,
+    stop_when: Callable[[], bool] = lambda: False,
 ) -> CallResult:
     """One phone call to `url` (the server's /ws/twilio) that goes through `plan`, with
     `agent` (None: the server's default) named in the start event's customParameters.
-    `call_sid`: the call's id at the "provider" (default: a new one), to find it on the server."""
+    `call_sid`: the call's id at the "provider" (default: a new one), to find it on the server.
+    `clock_rate`: the caller's clock against true time (it sends and plays audio that much
+    faster). `stop_when()`: checked before each turn; true ends the call there."""
     stream_sid, call_sid = "MZ" + uuid.uuid4().hex, call_sid or "CA" + uuid.uuid4().hex
-    tracker = ReplyTracker(keep_audio=keep_audio)
+    tracker = ReplyTracker(keep_audio=keep_audio, clock_rate=clock_rate)
     error = None
     async with websockets.connect(url, max_size=2**20, open_timeout=10) as ws:
         receiver = asyncio.create_task(_receive(ws, tracker))
@@ -78,8 +82,9 @@ async def call(
                 "streamSid": stream_sid, "callSid": call_sid, "accountSid": "AC" + "0" * 32, "tracks": ["inbound"],
                 "mediaFormat": {"encoding": "audio/x-mulaw", "sampleRate": 8000, "channels": 1},
                 "customParameters": {"agent": agent} if agent else {}}}))
-            await converse(PhoneLine(ws, stream_sid), tracker, plan, caller=caller, transport="twilio",
-                           reply_timeout_s=reply_timeout_s, reply_quiet_s=reply_quiet_s, on_turn=on_turn)
+            await converse(PhoneLine(ws, stream_sid, clock_rate), tracker, plan, caller=caller, transport="twilio",
+                           reply_timeout_s=reply_timeout_s, reply_quiet_s=reply_quiet_s, on_turn=on_turn,
+                           stop_when=stop_when)
             await ws.send(json.dumps({"event": "stop", "streamSid": stream_sid}))
         except websockets.ConnectionClosed as exc:
             error = f"server closed the call: {exc.rcvd.code if exc.rcvd else 'no close frame'}"

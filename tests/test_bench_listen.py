@@ -54,6 +54,19 @@ def test_a_packet_later_than_the_jitter_buffer_is_one_underrun():
     assert t.underrun_seconds == pytest.approx(0.3, abs=0.01)
 
 
+def test_a_caller_whose_clock_runs_fast_plays_audio_out_sooner():
+    """Its prebuffer runs down as the packets come at true time: 1 s of audio against a clock
+    3 % fast (the soak uses 0.1 %) leaves it ~30 ms less ahead; a hole is counted only past
+    one frame of lateness, as for any caller."""
+    on_time, fast = turn(), turn()
+    for t, rate in ((on_time, 1.0), (fast, 1.03)):
+        t.speech_end_at = 0.0
+        for i in range(50):
+            t.hear(1.0 + i * 0.02, tone(), RATE, keep_audio=False, clock_rate=rate)
+    assert on_time.playout_end - fast.playout_end == pytest.approx(1.0 - 1.0 / 1.03, abs=1e-6)
+    assert fast.reply_audio_seconds == pytest.approx(on_time.reply_audio_seconds)  # the audio, not its playout
+
+
 def test_a_burst_ahead_of_real_time_is_no_underrun():
     t = turn()
     t.speech_end_at = 0.0

@@ -1,0 +1,49 @@
+"""Soak (issue 13, scenario 6), the short version of `chaos soak`: two phone callers talk
+without a break for three minutes, one call each, one caller's clock 0.1 % fast (its frames
+come every 19.98 ms and it plays reply audio that much faster). Every turn is answered, no
+reply has a hole, the fast caller's audio is never refused as running ahead, and nothing is
+logged as an error. Memory and lag drift are the bench's figures (`chaos soak --minutes 60`):
+in a test process shared with the rest of the suite they would measure the suite."""
+
+from __future__ import annotations
+
+import re
+from dataclasses import replace
+
+import httpx
+import pytest
+
+from latency_bench import chaos_soak
+from pipelines.voice import Engines
+from tests.conftest import running_server
+from tests.fakes import HashingEmbedder, ScriptedASR, ScriptedLLM, ToneTTS
+from tests.test_bad_input import server_errors  # noqa: F401 - a fixture
+
+pytestmark = [pytest.mark.e2e, pytest.mark.slow]
+
+MINUTES = 3.0
+
+
+async def test_two_callers_one_with_a_fast_clock_are_held_for_three_minutes(server_config, server_errors):
+    engines = Engines(asr=ScriptedASR("what time do you open"), llm=ScriptedLLM(["We open at nine."]),
+                      tts=ToneTTS(chunks=20), embedder=HashingEmbedder())
+    config = replace(server_config, server=replace(server_config.server, max_concurrent_calls=2))
+    with running_server(config, engines) as server:
+        figures = await chaos_soak.run(server.base_url, minutes=MINUTES, warmup_minutes=0.5, sample_every_s=10)
+        async with httpx.AsyncClient(base_url=server.base_url) as http:
+            metrics = (await http.get("/metrics")).text
+    for caller in figures["callers"]:
+        assert caller["turns"] >= 15, figures  # a turn every ~6-8 s
+        assert caller["answered"] == caller["turns"] and not caller["errors"], figures["callers"]
+        assert caller["underruns"] == 0 and caller["call_error"] is None, figures
+    assert figures["callers"][1]["clock_rate"] == 1 + chaos_soak.SKEW
+    assert not re.search(r'^cadence_bad_input_total\{[^}]*\} [1-9]', metrics, re.MULTILINE), "audio refused"
+    assert len(figures["rss_samples"]) >= 10 and figures["rss_growth_mb_per_10_min"] is not None
+    assert server_errors == []
+
+
+def test_growth_is_the_slope_of_all_samples_not_two_end_points():
+    flat_with_noise = [(0, 100.0), (60, 103.0), (120, 100.0), (180, 103.0), (240, 100.0)]
+    assert abs(chaos_soak.growth_mb_per_10_min(flat_with_noise)) < 3.0
+    assert chaos_soak.growth_mb_per_10_min([(0, 100.0), (300, 101.0), (600, 102.0)]) == pytest.approx(2.0)
+    assert chaos_soak.growth_mb_per_10_min([(0, 1.0), (1, 2.0)]) is None

@@ -20,7 +20,7 @@ LLAMA_SERVER := $(BIN_CACHE)/llama-server-$(LLAMA_CPP_VERSION)
 LLAMA_SERVER_CMAKE_ARGS := $(LLAMA_CMAKE_ARGS) -DCMAKE_BUILD_TYPE=Release -DBUILD_SHARED_LIBS=OFF \
   -DLLAMA_BUILD_SERVER=ON -DLLAMA_BUILD_TESTS=OFF -DLLAMA_BUILD_EXAMPLES=OFF -DLLAMA_BUILD_UI=OFF \
   -DLLAMA_USE_PREBUILT_UI=OFF -DLLAMA_OPENSSL=OFF -DLLAMA_CURL=OFF
-DEBIAN_PACKAGES := espeak-ng flite sqlite3 chromium fonts-liberation cmake g++
+DEBIAN_PACKAGES := espeak-ng flite sqlite3 chromium fonts-liberation cmake g++ iproute2 iptables
 
 # The browser test's driver: playwright-core, pinned in package-lock.json. It drives Debian's
 # chromium and downloads no browser of its own.
@@ -57,7 +57,8 @@ gpu-check: setup
 	$(BIN)/cadence bench tts-codec --json --device cuda --batches 1,8,32,128 --max-streams 512 --trials 1 --compile
 
 # Debian packages: espeak-ng speaks the test callers' questions; chromium (with fonts, for
-# readable screenshots) runs the browser test. Node.js and npm usually come with the machine
+# readable screenshots) runs the browser test; iproute2 and iptables make the lossy and dead
+# networks of the caller-network test (tests/reliability/test_caller_network.py). Node.js and npm usually come with the machine
 # (playwright-core wants Node 20+); where npm is missing, Debian's are installed. Only as root.
 deps:
 	@missing=""; for p in $(DEBIAN_PACKAGES); do dpkg -s $$p >/dev/null 2>&1 || missing="$$missing $$p"; done; \

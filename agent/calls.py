@@ -50,6 +50,7 @@ class ActiveCall:
     pending_writes: set[asyncio.Task] = field(default_factory=set)
     hearing: str = ""  # the caller's words so far in the turn under way (streaming partials)
     lease: SessionLease | None = None  # the operator key's session slot this call holds
+    caller_audio_at: float | None = None  # when the caller's audio last reached the pipeline
 
     def heard(self, partial: str) -> None:
         self.hearing = partial
@@ -183,6 +184,8 @@ class CallManager:
                 on_eager_reply=lambda outcome: self._metrics.eager_replies.labels(outcome).inc(),
                 on_long_turn_cut=self._metrics.long_turn_cuts.observe,
                 on_model_failure=lambda model, kind: self._metrics.model_failures.labels(model, kind).inc(),
+                on_caller_audio=lambda seconds, counter=self._metrics.caller_audio_seconds.labels(call.transport):
+                    self._caller_audio(call, counter, seconds),
                 enable_rtvi=enable_rtvi,
                 observers=observers,
                 remote_api_key=self._remote_api_key(call.agent),
@@ -218,6 +221,15 @@ class CallManager:
             log.exception("call %s failed", call.id)
         finally:
             await self._finish(call)
+
+    def _caller_audio(self, call: ActiveCall, counter: Any, seconds: float) -> None:
+        call.caller_audio_at = self._clock()
+        counter.inc(seconds)
+
+    def caller_silent_seconds(self, call: ActiveCall) -> float:
+        """How long ago the caller's audio last reached the pipeline (or the call began, if none has)."""
+        heard_at = call.caller_audio_at if call.caller_audio_at is not None else call.started_at
+        return self._clock() - heard_at
 
     def _remote_api_key(self, agent: CallAgent) -> str | None:
         remote = agent.speech_to_speech

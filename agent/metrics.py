@@ -86,6 +86,10 @@ class CadenceMetrics:
             "cadence_model_failures_total",
             "Turns a model failed (kind: error, or stalled past its deadlines.*): the caller heard an "
             "apology (asr, llm) or the sentence was skipped (tts)", ["model", "kind"], registry=self.registry)
+        self.caller_audio_seconds = Counter(
+            "cadence_caller_audio_seconds_total",
+            "Seconds of callers' audio that reached the pipeline (VAD, then ASR); against the calls' length, "
+            "what the network lost", ["transport"], registry=self.registry)
         self.long_turn_cuts = Histogram(
             "cadence_long_turn_cut_seconds",
             "Callers' turns longer than limits.max_user_turn_seconds, cut and transcribed while they went "

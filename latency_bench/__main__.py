@@ -178,7 +178,7 @@ def cmd_chaos(args) -> dict:
     from latency_bench import chaos
 
     verdicts = chaos.run(args.scenarios, args.out, config=args.config or servers.DEFAULT_CONFIG,
-                         soak_minutes=args.minutes)
+                         soak_minutes=args.minutes, lossy_minutes=args.lossy_minutes)
     results = {"scenarios": [{"scenario": v.scenario, "pass_figure": v.pass_figure, "measured": v.measured,
                               "passed": v.passed, "figures": v.figures} for v in verdicts]}
     args.out.mkdir(parents=True, exist_ok=True)
@@ -252,12 +252,13 @@ def main(argv: list[str] | None = None) -> int:
     ch_p = sub.add_parser("chaos", help="what the server survives: slow clients, admission, drain (a table)")
     ch_p.add_argument("scenarios", nargs="+", metavar="SCENARIO",
                       help="slow-clients, handshake, admission, oversize, vanishing, malformed, bad-audio, endless, sdp, "
-                           "poison, access, model-failures, soak, drain (see latency_bench/chaos.py)")
+                           "poison, access, model-failures, soak, lossy, blackhole, drain (see latency_bench/chaos.py)")
     ch_p.add_argument("--out", type=Path, required=True, help="folder for chaos.json and the servers' logs")
     ch_p.add_argument("--config", type=Path, help="config of the servers the bench starts "
                                                 "(default: configs/default.yaml)")
     ch_p.add_argument("--minutes", type=float, default=60.0, help="how long the soak runs (default 60; "
                                                                    "its first sixth is warm-up)")
+    ch_p.add_argument("--lossy-minutes", type=float, default=5.0, help="how long each lossy call is held (default 5)")
     q_p = sub.add_parser("quality", help="grounded answers, refusals and reply length of a running server")
     q_p.add_argument("--url", required=True, help="server base URL, e.g. http://127.0.0.1:8000")
     q_p.add_argument("--agent", default="default", help="the agent to ask, by its name on the server")

@@ -42,6 +42,12 @@ on loopback that the bench starts itself; every scenario is bounded in count and
                   fast: memory +1 MB per 10 min at most after warm-up (the first sixth), reply
                   lag (TTFS p50, first fifth of turns against the last) drifting 50 ms at most,
                   no underruns, every turn answered
+    lossy         a WebRTC caller in a network namespace of its own, at 1 %, 5 % and 10 % packet loss
+                  each way and 256 kbit/s, a call of --lossy-minutes (5) each: >= 95/90/80 % of the
+                  caller's audio reaches the ASR, every reply heard (needs root and iptables)
+    blackhole     that caller's network dropped for 5 s mid-call: heard again both ways within 2 s
+                  of its return, no new offer, the next turn answered; dropped for good: the call
+                  ended within 40 s (ICE consent) and stored as network_lost (needs root)
     drain         SIGTERM with 10 live calls: /readyz 503 within 1 s, new calls refused, live
                   calls kept until they hang up, exit 0, every call stored as ended
 
@@ -56,8 +62,8 @@ from pathlib import Path
 
 from agent.config import load_config
 from latency_bench import (chaos_access, chaos_admission, chaos_bad_audio, chaos_drain, chaos_endless, chaos_malformed,
-                           chaos_model_failures, chaos_poison, chaos_soak, chaos_sdp, chaos_oversize, chaos_slow_clients,
-                           chaos_vanishing, servers)
+                           chaos_model_failures, chaos_network, chaos_poison, chaos_soak, chaos_sdp, chaos_oversize,
+                           chaos_slow_clients, chaos_vanishing, netns, servers)
 
 SLOW_CLIENTS, SILENT_SOCKETS, BURST_CAP, BURST_EXTRA, DRAIN_CALLS = 200, 200, 4, 50, 10
 HEADER_TIMEOUT_S, HANDSHAKE_TIMEOUT_S, DRAIN_GRACE_S, DRAIN_HOLD_S = 5.0, 5.0, 25.0, 3.0
@@ -68,6 +74,7 @@ IDLE_TIMEOUT_S = 10.0  # limits.idle_timeout_seconds on the shared server: the s
 SDP_OFFERS, SDP_CONCURRENCY = 20_000, BURST_CAP - 1  # each worker holds an answered call until it ends
 ENDLESS_MINUTES, TURN_LIMIT_S = 10.0, 30.0  # limits.max_user_turn_seconds of configs/default.yaml
 MALFORMED_MESSAGES, BAD_MESSAGE_BUDGET, MALFORMED_CLEAN_TURNS = 1000, 50, 6  # budget: limits.max_bad_messages
+OUTAGE_S = 5.0
 
 
 @dataclass(frozen=True)
@@ -213,12 +220,14 @@ async def _on_shared_server(base_url: str, name: str, log: Path) -> Verdict:
 
 
 SCENARIOS = ("slow-clients", "handshake", "admission", "oversize", "vanishing", "malformed", "bad-audio", "endless",
-             "sdp", "poison", "access", "model-failures", "soak", "drain")
-# Each starts a server of its own (INFO logs; a key; model workers; calls longer than the limit; a SIGTERM).
-OWN_SERVER = ("poison", "access", "model-failures", "soak", "drain")
+             "sdp", "poison", "access", "model-failures", "soak", "lossy", "blackhole", "drain")
+# Each starts a server of its own (INFO logs; a key; model workers; calls longer than the limit; a
+# caller network's address; a SIGTERM).
+OWN_SERVER = ("poison", "access", "model-failures", "soak", "lossy", "blackhole", "drain")
 
 
-def run(names: list[str], out: Path, *, config: Path = servers.DEFAULT_CONFIG, soak_minutes: float = 60.0) -> list[Verdict]:
+def run(names: list[str], out: Path, *, config: Path = servers.DEFAULT_CONFIG, soak_minutes: float = 60.0,
+        lossy_minutes: float = 5.0) -> list[Verdict]:
     unknown = [n for n in names if n not in SCENARIOS]
     if unknown:
         raise ValueError(f"unknown chaos scenarios {unknown}; choose from {', '.join(SCENARIOS)}")
@@ -248,6 +257,16 @@ def run(names: list[str], out: Path, *, config: Path = servers.DEFAULT_CONFIG, s
         with servers.cadence(out / "soak", max_calls=2, config=config, settings=settings) as base_url:
             verdicts.append(Verdict(**chaos_soak.judge(asyncio.run(chaos_soak.run(
                 base_url, minutes=soak_minutes, warmup_minutes=soak_minutes / 6)))))
+    if "lossy" in names or "blackhole" in names:
+        # The server listens on the caller network's host end; the caller runs inside it.
+        with netns.create() as network, servers.cadence(out / "network", max_calls=2, config=config,
+                                                        host=network.host_ip) as base_url:
+            if "lossy" in names:
+                verdicts.append(Verdict(**chaos_network.judge_lossy(asyncio.run(chaos_network.run_lossy(
+                    network, base_url, seconds=lossy_minutes * 60, out=out / "network")))))
+            if "blackhole" in names:
+                verdicts.append(Verdict(**chaos_network.judge_blackhole(asyncio.run(chaos_network.run_blackhole(
+                    network, base_url, outage_s=OUTAGE_S, out=out / "network")))))
     if "drain" in names:
         verdicts.append(judge_drain(asyncio.run(chaos_drain.run(
             out / "drain", calls=DRAIN_CALLS, grace_s=DRAIN_GRACE_S, hold_s=DRAIN_HOLD_S, config=config))))

@@ -27,9 +27,9 @@ DEFAULT_CONFIG = REPO / "configs" / "default.yaml"
 STOP_GRACE_S = 10.0
 
 
-def free_port() -> int:
+def free_port(host: str = "127.0.0.1") -> int:
     with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
+        s.bind((host, 0))
         return s.getsockname()[1]
 
 
@@ -103,27 +103,29 @@ def write_bench_config(out: Path, config: Path, *, max_calls: int, deployment: s
 def cadence(out: Path, *, max_calls: int, config: Path = DEFAULT_CONFIG, deployment: str | None = None,
             schedule: str | None = None, settings: Sequence[str] = (),
             agent_files: tuple[Path, ...] = (), log_level: str = "warning",
-            environ: Mapping[str, str] | None = None) -> Iterator[str]:
+            environ: Mapping[str, str] | None = None, host: str = "127.0.0.1") -> Iterator[str]:
     """Cadence's own server on `config`, admitting `max_calls` calls, with a store in `out`.
     `deployment`: a deployment file, or "none" for every model in-process (None: the config's).
     `schedule`: server.schedule (None: the config's). `settings`: KEY=VALUE overrides.
     `agent_files`: agents created through the API once it is ready (the bench's own agents).
-    `log_level`: the server's, into out/cadence.log. `environ`: set for the server (API keys)."""
+    `log_level`: the server's, into out/cadence.log. `environ`: set for the server (API keys).
+    `host`: the address it listens on (a caller network's host end: latency_bench/netns.py)."""
     out.mkdir(parents=True, exist_ok=True)
     bench_config = write_bench_config(out, config, max_calls=max_calls, deployment=deployment, schedule=schedule,
                                       settings=settings)
-    port = free_port()
-    with child([sys.executable, "-m", "agent.cli", "serve", "--config", str(bench_config), "--host", "127.0.0.1",
+    port = free_port(host)
+    base_url = f"http://{host}:{port}"
+    with child([sys.executable, "-m", "agent.cli", "serve", "--config", str(bench_config), "--host", host,
                 "--port", str(port), "--log-level", log_level], out / "cadence.log",
-               f"http://127.0.0.1:{port}/readyz", environ=environ):
+               f"{base_url}/readyz", environ=environ):
         for agent_file in agent_files:
             spec = yaml.safe_load(Path(agent_file).read_text())
-            created = httpx.post(f"http://127.0.0.1:{port}/api/agents", json=spec, timeout=30)
+            created = httpx.post(f"{base_url}/api/agents", json=spec, timeout=30)
             if created.status_code == 409:  # left in the store by an earlier run into the same folder
-                created = httpx.put(f"http://127.0.0.1:{port}/api/agents/{spec['name']}", json=spec, timeout=30)
+                created = httpx.put(f"{base_url}/api/agents/{spec['name']}", json=spec, timeout=30)
             if created.status_code not in (200, 201):
                 raise RuntimeError(f"agent {agent_file} was refused: {created.status_code} {created.text[:300]}")
-        yield f"http://127.0.0.1:{port}"
+        yield base_url
 
 
 @contextlib.contextmanager

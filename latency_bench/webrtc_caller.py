@@ -20,9 +20,9 @@ import av
 import httpx
 import numpy as np
 from aiortc import MediaStreamTrack, RTCConfiguration, RTCPeerConnection, RTCSessionDescription
-from aiortc.jitterbuffer import JitterBuffer
 from aiortc.mediastreams import MediaStreamError
 
+from agent.transports.jitter import ImmediateAudioJitterBuffer
 from latency_bench.audio import last_voiced_sample, resample
 from latency_bench.conversation import PlannedTurn, converse
 from latency_bench.listen import ReplyTracker, TurnRecord
@@ -68,6 +68,7 @@ class MicrophoneTrack(MediaStreamTrack):
         self._queue: deque[_Speech] = deque()
         self._pts = 0
         self._start: float | None = None
+        self.frames_sent = 0
 
     def say(self, samples: np.ndarray, on_first_frame: Callable[[float], None]) -> asyncio.Future[float]:
         speech = _Speech(samples, on_first_frame)
@@ -87,6 +88,7 @@ class MicrophoneTrack(MediaStreamTrack):
         frame.sample_rate = SEND_RATE
         frame.pts = self._pts
         frame.time_base = fractions.Fraction(1, SEND_RATE)
+        self.frames_sent += 1
         return frame
 
     def _next_chunk(self, now: float) -> np.ndarray:
@@ -139,7 +141,8 @@ def frame_to_mono(frame: av.AudioFrame) -> np.ndarray:
     return np.clip(mono, -32768, 32767).astype(np.int16)
 
 
-async def _listen(track: MediaStreamTrack, tracker: ReplyTracker, rates: list[int]) -> None:
+async def _listen(track: MediaStreamTrack, tracker: ReplyTracker, rates: list[int],
+                  on_frame: Callable[[float], None]) -> None:
     while True:
         try:
             frame = await track.recv()
@@ -147,7 +150,9 @@ async def _listen(track: MediaStreamTrack, tracker: ReplyTracker, rates: list[in
             return
         if not rates:
             rates.append(frame.sample_rate)
-        tracker.hear(time.time(), frame_to_mono(frame), frame.sample_rate)
+        now = time.time()
+        on_frame(now)
+        tracker.hear(now, frame_to_mono(frame), frame.sample_rate)
 
 
 async def call(
@@ -160,11 +165,18 @@ async def call(
     reply_quiet_s: float = 1.5,
     on_turn: Callable[[TurnRecord], None] | None = None,
     agent: str | None = None,
+    stop_when: Callable[[], bool] = lambda: False,
+    on_connected: Callable[[str | None], None] = lambda call_id: None,
+    on_frame_heard: Callable[[float], None] = lambda at: None,
+    mic: MicrophoneTrack | None = None,
 ) -> CallResult:
-    """Calls `offer_url` (the server's POST /api/offer) and goes through `plan`."""
+    """Calls `offer_url` (the server's POST /api/offer) and goes through `plan` (or until
+    `stop_when()`, asked before each turn). `on_connected(call_id)` once the peer connection is
+    up; `on_frame_heard(wall time)` for every frame received, silence included; `mic`: the
+    microphone to send (its `frames_sent` counts what left)."""
     # No ICE servers: aiortc's default would contact a public STUN server; host candidates suffice here.
     pc = RTCPeerConnection(RTCConfiguration(iceServers=[]))
-    mic = MicrophoneTrack()
+    mic = mic or MicrophoneTrack()
     tracker = ReplyTracker(keep_audio=keep_audio)
     rates: list[int] = []
     listeners: list[asyncio.Task] = []
@@ -174,7 +186,7 @@ async def call(
     @pc.on("track")
     def _on_track(track: MediaStreamTrack) -> None:
         if track.kind == "audio":
-            listeners.append(asyncio.ensure_future(_listen(track, tracker, rates)))
+            listeners.append(asyncio.ensure_future(_listen(track, tracker, rates, on_frame_heard)))
 
     @pc.on("connectionstatechange")
     def _on_state() -> None:
@@ -185,8 +197,8 @@ async def call(
         # sendrecv at index 0: SmallWebRTC answers on the first transceiver with its own audio.
         transceiver = pc.addTransceiver(mic, direction="sendrecv")
         # aiortc's receiver holds 4 packets (80 ms) before it plays one; the phone caller counts
-        # audio as it arrives. Like for like: release each packet once the next is in (~20 ms).
-        transceiver.receiver._RTCRtpReceiver__jitter_buffer = JitterBuffer(capacity=16, prefetch=0)
+        # audio as it arrives. Like for like: the server's buffer, each packet on as it arrives.
+        transceiver.receiver._RTCRtpReceiver__jitter_buffer = ImmediateAudioJitterBuffer()
         # Browser clients open one; without it the server queues (then drops) its RTVI messages.
         pc.createDataChannel(DATA_CHANNEL_LABEL)
         # aiortc's setLocalDescription gathers every (host) candidate before it returns.
@@ -207,8 +219,10 @@ async def call(
         if pc.connectionState != "connected":
             raise ConnectionError(f"WebRTC call did not connect (connectionState={pc.connectionState}, "
                                   f"iceConnectionState={pc.iceConnectionState})")
+        on_connected(call_id)
         await converse(WebRTCLine(mic), tracker, plan, caller=caller, transport="webrtc",
-                       reply_timeout_s=reply_timeout_s, reply_quiet_s=reply_quiet_s, on_turn=on_turn)
+                       reply_timeout_s=reply_timeout_s, reply_quiet_s=reply_quiet_s, on_turn=on_turn,
+                       stop_when=stop_when)
     finally:
         mic.stop()
         await pc.close()

@@ -23,6 +23,7 @@ from pipecat.transports.base_transport import BaseTransport
 
 from agent.config import CadenceConfig
 from pipelines.call_agent import CallAgent
+from pipelines.caller_audio import CallerAudioMeter
 from pipelines.cascade import cascade_stages
 from pipelines.retrieval import SearchPassages
 from pipelines.speech_adapter import CallHooks, Engines, SpeechStages
@@ -59,13 +60,15 @@ def build_voice_call(
     on_eager_reply: Callable[[str], None] = lambda outcome: None,
     on_long_turn_cut: Callable[[float], None] = lambda seconds: None,
     on_model_failure: Callable[[str, str], None] = lambda model, kind: None,
+    on_caller_audio: Callable[[float], None] | None = None,
     enable_rtvi: bool = False,
     observers: Sequence[BaseObserver] = (),
     remote_api_key: str | None = None,
 ) -> VoiceCall:
     """`search` finds passages in the agent's knowledge; None (or retrieval off) skips retrieval.
     `observers` watch the call's frames beside the turn observer (a transport's own events).
-    `remote_api_key`: the key of the agent's speech-to-speech server, if it uses one."""
+    `remote_api_key`: the key of the agent's speech-to-speech server, if it uses one.
+    `on_caller_audio(seconds)`: for each frame of the caller's audio that reached the pipeline."""
     hooks = CallHooks(on_retrieval_miss=on_retrieval_miss, on_redacted=on_redacted, on_asr_rejected=on_asr_rejected,
                       on_partial=on_partial, on_pause_verdict=on_pause_verdict, on_eager_reply=on_eager_reply,
                       on_long_turn_cut=on_long_turn_cut, on_model_failure=on_model_failure)
@@ -75,6 +78,8 @@ def build_voice_call(
     output = transport.output()
     pipeline = Pipeline([transport.input(), *stages.before_output, output, *stages.after_output])
     observer = TurnObserver(output_transport=output, on_turn_closed=on_turn_closed)
+    if on_caller_audio is not None:
+        observers = [*observers, CallerAudioMeter(transport.input(), on_caller_audio)]
     task = PipelineWorker(
         pipeline,
         params=PipelineParams(

@@ -46,14 +46,14 @@ class RunningServer:
 
 @contextmanager
 def running_server(config: CadenceConfig, engines: Engines | None, *, ready_timeout_s: float = 60,
-                   environ: dict[str, str] | None = None) -> Iterator[RunningServer]:
-    """Serves the real app with uvicorn on a free loopback port in a thread of its own.
+                   environ: dict[str, str] | None = None, host: str = "127.0.0.1") -> Iterator[RunningServer]:
+    """Serves the real app with uvicorn on a free port of `host` (loopback) in a thread of its own.
     `engines` None: the app builds its own from the config, starting its deployment's workers.
     `environ`: the environment the app reads its keys from (default: none, not the process's)."""
     app = create_app(config, engines=engines, engines_loaded=engines is not None, environ=environ or {})
     sock = socket.socket(socket.AF_INET, socket.SOCK_STREAM)
     sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
-    sock.bind(("127.0.0.1", 0))
+    sock.bind((host, 0))
     port = sock.getsockname()[1]
     server = cadence_server(app, config, log_level="warning", lifespan="on")
     thread = threading.Thread(target=server.run, kwargs={"sockets": [sock]}, daemon=True)
@@ -65,7 +65,7 @@ def running_server(config: CadenceConfig, engines: Engines | None, *, ready_time
             raise RuntimeError(f"test server did not start: {app.state.readiness.error}")
         time.sleep(0.02)
     try:
-        yield RunningServer(f"http://127.0.0.1:{port}", f"ws://127.0.0.1:{port}", app)
+        yield RunningServer(f"http://{host}:{port}", f"ws://{host}:{port}", app)
     finally:
         server.should_exit = True
         thread.join(timeout=20)

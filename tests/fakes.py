@@ -66,14 +66,20 @@ class ScriptedLLM(LLMEngine):
 
 
 class ToneTTS(TTSEngine):
-    """Emits `chunks` chunks of a constant non-zero signal per sentence."""
+    """Emits `chunks` chunks of a constant non-zero signal per sentence, or with `frequency_hz` a
+    sine: Opus (WebRTC) removes a constant signal, and the caller would hear nothing."""
 
     sample_rate = 16_000
 
-    def __init__(self, chunks: int = 3, chunk_samples: int = 1600) -> None:
+    def __init__(self, chunks: int = 3, chunk_samples: int = 1600, frequency_hz: float | None = None) -> None:
         self.chunks = chunks
         self.chunk_samples = chunk_samples
         self.sentences: list[str] = []
+        if frequency_hz is None:
+            self._chunk = (1000).to_bytes(2, "little", signed=True) * chunk_samples
+        else:
+            t = np.arange(chunk_samples) / self.sample_rate
+            self._chunk = (4000 * np.sin(2 * np.pi * frequency_hz * t)).astype(np.int16).tobytes()
 
     def load(self) -> None:
         pass
@@ -82,7 +88,7 @@ class ToneTTS(TTSEngine):
         self.sentences.append(text)
         for _ in range(self.chunks):
             await asyncio.sleep(0)
-            yield (1000).to_bytes(2, "little", signed=True) * self.chunk_samples
+            yield self._chunk
 
 
 class HashingEmbedder(EmbeddingEngine):

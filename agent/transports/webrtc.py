@@ -15,7 +15,6 @@ import logging
 from typing import Any
 
 from aiortc import RTCIceServer
-from aiortc.jitterbuffer import JitterBuffer
 from aiortc.sdp import SessionDescription, candidate_from_sdp
 from pipecat.transports.base_transport import TransportParams
 from pipecat.transports.smallwebrtc.connection import SmallWebRTCConnection
@@ -25,6 +24,7 @@ from agent.auth import SessionLease
 from agent.calls import ActiveCall, CallManager
 from agent.config import CadenceConfig
 from agent.errors import BadSignalingError
+from agent.transports.jitter import ImmediateAudioJitterBuffer
 from agent.metrics import CadenceMetrics
 
 log = logging.getLogger(__name__)
@@ -35,11 +35,13 @@ TRANSPORT = "webrtc"
 # the TTS's audio is resampled once, in pipecat, either way.
 WEBRTC_OUTPUT_SAMPLE_RATE = 48_000
 # aiortc's audio jitter buffer holds 4 packets before releasing one (prefetch=4): 80 ms on every
-# frame of the caller's speech, so on every end of turn. Packets are still put back in order
-# without it; on loopback and LANs the network jitter it guards against is a few ms.
-CALLER_JITTER_PACKETS_PREFETCH = 0
-CALLER_JITTER_BUFFER_PACKETS = 16
+# frame of the caller's speech, so on every end of turn; and it waits out a lost packet for good
+# (agent/transports/jitter.py). The caller's packets go on as they arrive instead.
 MAX_CANDIDATES_PER_PATCH = 32
+# A peer whose network is gone is hung up when ICE consent expires (RFC 7675; aioice: 6 checks
+# ~5 s apart unanswered, 24-36 s); a shorter outage resumes by itself with no new offer. A call
+# that ends after this long without the caller's audio is stored as `network_lost`.
+NETWORK_SILENT_SECONDS = 10.0
 
 
 def parse_offer(body: bytes, max_bytes: int) -> dict[str, Any]:
@@ -151,18 +153,30 @@ class WebRTCCalls:
         pc_id = answer["pc_id"]
         call.external_id = pc_id
         self._connections[pc_id] = connection
-        connected = asyncio.Event()
+        connected, network_lost = asyncio.Event(), asyncio.Event()
 
         # The peer connection's own state, not pipecat's on_client_connected: that one also
-        # waits for the pipeline to start, which is not the caller's to finish in time.
+        # waits for the pipeline to start, which is not the caller's to finish in time. A plain
+        # function, so it runs inside aiortc's emit, before pipecat's own (async) handler closes
+        # the connection on "failed" and reports a disconnect that reads like a hang-up.
         @connection.pc.on("connectionstatechange")
         def _on_state_change() -> None:
             if connection.pc.connectionState == "connected":
                 connected.set()
+            elif connection.pc.connectionState == "failed" and connected.is_set():
+                network_lost.set()  # ICE gave up on the caller's address
 
         @transport.event_handler("on_client_disconnected")
         async def _on_disconnected(_transport, _client) -> None:
-            await self._manager.hang_up(call, "caller_hung_up")
+            # aiortc often reports a lost network as a plain close (its DTLS transport closes on
+            # the ICE connection's end before ICE says "failed"); a caller who hangs up sends
+            # audio until it does, and one whose network went sent none for the ~30 s before.
+            silent_s = self._manager.caller_silent_seconds(call)
+            if silent_s >= NETWORK_SILENT_SECONDS:
+                network_lost.set()
+            if network_lost.is_set():
+                log.info("call %s: the caller's network went away (%.0f s without its audio)", call.id, silent_s)
+            await self._manager.hang_up(call, "network_lost" if network_lost.is_set() else "caller_hung_up")
 
         self._manager.spawn(call, self._run_call(call, transport, connection, connected))
         return {**answer, "call_id": call.id}
@@ -228,8 +242,7 @@ def _shorten_caller_jitter_buffer(connection: SmallWebRTCConnection) -> None:
     """aiortc offers no setting for it; pipecat replaces the video receiver's buffer the same way."""
     for transceiver in connection.pc.getTransceivers():
         if transceiver.kind == "audio":
-            transceiver.receiver._RTCRtpReceiver__jitter_buffer = JitterBuffer(
-                capacity=CALLER_JITTER_BUFFER_PACKETS, prefetch=CALLER_JITTER_PACKETS_PREFETCH)
+            transceiver.receiver._RTCRtpReceiver__jitter_buffer = ImmediateAudioJitterBuffer()
 
 
 async def _disconnect_quietly(connection: SmallWebRTCConnection) -> None:

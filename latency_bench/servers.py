@@ -103,20 +103,23 @@ def write_bench_config(out: Path, config: Path, *, max_calls: int, deployment: s
 def cadence(out: Path, *, max_calls: int, config: Path = DEFAULT_CONFIG, deployment: str | None = None,
             schedule: str | None = None, settings: Sequence[str] = (),
             agent_files: tuple[Path, ...] = (), log_level: str = "warning",
-            environ: Mapping[str, str] | None = None, host: str = "127.0.0.1") -> Iterator[str]:
+            environ: Mapping[str, str] | None = None, host: str = "127.0.0.1",
+            insecure: bool = False) -> Iterator[str]:
     """Cadence's own server on `config`, admitting `max_calls` calls, with a store in `out`.
     `deployment`: a deployment file, or "none" for every model in-process (None: the config's).
     `schedule`: server.schedule (None: the config's). `settings`: KEY=VALUE overrides.
     `agent_files`: agents created through the API once it is ready (the bench's own agents).
     `log_level`: the server's, into out/cadence.log. `environ`: set for the server (API keys).
-    `host`: the address it listens on (a caller network's host end: latency_bench/netns.py)."""
+    `host`: the address it listens on (a caller network's host end: latency_bench/netns.py);
+    `insecure`: serve it without API keys (the server refuses to otherwise, off loopback)."""
     out.mkdir(parents=True, exist_ok=True)
     bench_config = write_bench_config(out, config, max_calls=max_calls, deployment=deployment, schedule=schedule,
                                       settings=settings)
     port = free_port(host)
     base_url = f"http://{host}:{port}"
     with child([sys.executable, "-m", "agent.cli", "serve", "--config", str(bench_config), "--host", host,
-                "--port", str(port), "--log-level", log_level], out / "cadence.log",
+                "--port", str(port), "--log-level", log_level, *(["--insecure"] if insecure else [])],
+               out / "cadence.log",
                f"{base_url}/readyz", environ=environ):
         for agent_file in agent_files:
             spec = yaml.safe_load(Path(agent_file).read_text())

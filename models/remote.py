@@ -7,8 +7,12 @@ The pipeline cannot tell them from in-process engines: the same ABCs and the sam
   whose engine failed to load     -> WorkerUnavailableError, naming the worker's URL
   any other 4xx or 5xx            -> CadenceError with the worker's message (not retryable)
 A dead worker shows within `connect_timeout_s` (a refused connection at once), so a call
-gets a clear error within two seconds instead of a hang. Every request carries an
-X-Request-Id, X-Deadline-Ms when the caller set one with `deadline_within`, and
+gets a clear error within two seconds instead of a hang, unless the caller set a deadline
+(models.scheduling.answer_within): then a request that no replica took (every one refused
+the connection, or answered 503 retryable: restarting, loading, full) waits and tries again
+while the deadline leaves time, as a worker the supervisor restarts is back in seconds (an ASR
+worker killed mid-turn: 2.8-4.6 s, inside a transcript's 4-5 s). Every request carries an
+X-Request-Id, X-Deadline-Ms when the caller set a deadline, and
 X-Wanted-By-Ms when the pipeline said when it wants the answer (models.scheduling): a
 batching worker then serves a reply's first sentence before other calls' later ones, as
 the in-process runner does.
@@ -27,13 +31,12 @@ Nothing here imports agent/ or pipelines/.
 
 from __future__ import annotations
 
+import asyncio
 import base64
-import contextlib
 import logging
 import time
 import uuid
-from collections.abc import AsyncIterator, Iterator, Sequence
-from contextvars import ContextVar
+from collections.abc import AsyncIterator, Sequence
 from dataclasses import dataclass, fields
 from typing import Any
 
@@ -43,7 +46,7 @@ import numpy as np
 from models.base import ASREngine, EmbeddingEngine, TTSEngine, Transcript
 from models.errors import CadenceError, CapacityError, ConfigError, WorkerUnavailableError
 from models.replicas import DEFAULT_COOL_OFF_S, ReplicaSet
-from models.scheduling import WANTED_BY
+from models.scheduling import ANSWER_DEADLINE, WANTED_BY
 
 log = logging.getLogger(__name__)
 
@@ -52,19 +55,9 @@ _PCM16_SAMPLE_BYTES = 2
 # The transport errors that mean the request never reached the worker: safe to send elsewhere.
 CONNECT_FAILURES = (httpx.ConnectError, httpx.ConnectTimeout)
 
-# When the answer stops being useful, on time.monotonic's scale: set by `deadline_within`.
-_DEADLINE: ContextVar[float | None] = ContextVar("cadence_remote_deadline", default=None)
-
-
-@contextlib.contextmanager
-def deadline_within(seconds: float) -> Iterator[None]:
-    """Requests made inside tell the worker they are useless after `seconds` (X-Deadline-Ms):
-    a batching worker serves them earliest deadline first, and answers 504 once it passes."""
-    token = _DEADLINE.set(time.monotonic() + seconds)
-    try:
-        yield
-    finally:
-        _DEADLINE.reset(token)
+# Waits for a worker that took no request, while the caller's deadline leaves time: doubling
+# from the first, capped (a restarted worker answers within a probe or two of being up).
+WAIT_FIRST_S, WAIT_MAX_S = 0.1, 0.5
 
 
 @dataclass(frozen=True)
@@ -143,7 +136,7 @@ class WorkerClient:
         read at the call, before its generator runs); otherwise WANTED_BY's value now."""
         headers = {"X-Request-Id": request_id, **(extra or {})}
         now = time.monotonic()
-        deadline = _DEADLINE.get()
+        deadline = ANSWER_DEADLINE.get()
         if deadline is not None:
             headers["X-Deadline-Ms"] = f"{max(0.0, deadline - now) * 1000.0:.0f}"
         wanted_by = wanted_by if wanted_by is not None else WANTED_BY.get()
@@ -197,8 +190,9 @@ class WorkerClient:
                     **kwargs: Any) -> tuple[str, httpx.Response]:
         """One replica's answer (with `stream`, its headers only), counted in flight there until
         the caller calls `replicas.finished(url)`. A refused or full replica gets one more try
-        elsewhere; no byte of an answer was passed on before it."""
-        url, retried = self.replicas.pick(), False
+        elsewhere; no byte of an answer was passed on before it. When none took it, it waits for
+        one within the caller's deadline, if any (`_pause_before_retry`)."""
+        url, retried, waits = self.replicas.pick(), False, 0
         while True:
             self.replicas.started(url)
             client = self._http[url]
@@ -212,17 +206,38 @@ class WorkerClient:
                 self.replicas.finished(url)
                 other = self._after_failure(url, exc, retried)
                 if other is None:
-                    raise self._unavailable(url, exc, request_id) from exc
+                    pause = self._pause_before_retry(waits) if isinstance(exc, CONNECT_FAILURES) else None
+                    if pause is None:
+                        raise self._unavailable(url, exc, request_id) from exc
             except BaseException:  # cancelled (a barge-in, a hang-up): the slot is not ours any more
                 self.replicas.finished(url)
                 raise
             else:
                 other = None if retried else self._alternative_to_full(url, answer)
+                pause = None
                 if other is None:
-                    return url, answer
+                    pause = self._pause_before_retry(waits) if _is_retryable_refusal(answer) else None
+                    if pause is None:
+                        return url, answer
                 self.replicas.finished(url)
                 await answer.aclose()
+            if other is None:  # nowhere else to go: wait for a worker, then start over
+                log.info("%s worker at %s took no request; trying again in %.1f s (deadline in %.1f s)", self.role,
+                         url, pause, (ANSWER_DEADLINE.get() or 0.0) - time.monotonic())
+                await asyncio.sleep(pause)
+                url, retried, waits = self.replicas.pick(), False, waits + 1
+                continue
             url, retried = other, True
+
+    @staticmethod
+    def _pause_before_retry(waits: int) -> float | None:
+        """How long to wait before trying a request no replica took, or None to give up: no
+        deadline was set, or the wait would reach it."""
+        deadline = ANSWER_DEADLINE.get()
+        if deadline is None:
+            return None
+        pause = min(WAIT_MAX_S, WAIT_FIRST_S * 2**waits)
+        return pause if time.monotonic() + pause < deadline else None
 
     def _after_failure(self, url: str, exc: httpx.TransportError, retried: bool) -> str | None:
         """A replica that refused the connection cools off; the replica to try next, if any."""
@@ -236,9 +251,7 @@ class WorkerClient:
         return other
 
     def _alternative_to_full(self, url: str, answer: httpx.Response) -> str | None:
-        if answer.status_code != 503 or not _json_or_empty(answer).get("retryable"):
-            return None
-        return self.replicas.alternative(url)
+        return self.replicas.alternative(url) if _is_retryable_refusal(answer) else None
 
     def raise_for_status(self, answer: httpx.Response, url: str, request_id: str) -> None:
         if answer.status_code < 400:
@@ -267,6 +280,11 @@ class WorkerClient:
 
 def _new_request_id() -> str:
     return uuid.uuid4().hex[:16]
+
+
+def _is_retryable_refusal(answer: httpx.Response) -> bool:
+    """503 with "retryable": a worker loading or full, not one whose engine failed to load."""
+    return answer.status_code == 503 and bool(_json_or_empty(answer).get("retryable"))
 
 
 def _json_or_empty(answer: httpx.Response) -> dict[str, Any]:

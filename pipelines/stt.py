@@ -60,7 +60,7 @@ from pipecat.utils.time import time_now_iso8601
 
 from models.errors import CadenceError, StalledError
 from models.stalls import failure_kind
-from models.scheduling import wanted_in
+from models.scheduling import answer_within, wanted_in
 from models.base import ASREngine, Transcript
 from models.hallucination import MAX_COMPRESSION_RATIO, compression_ratio, repeats_itself, too_fast
 from pipelines.local_agreement import LocalAgreement
@@ -401,8 +401,11 @@ class EngineSTTService(EagerEndOfTurnSTTServiceMixin, SegmentedSTTService):
         deadline_s = self._transcript_deadline_s(len(audio) / (_PCM16_BYTES * self.sample_rate)) \
             if self._transcript_deadline_s is not None else None
         try:
+            # The engine knows the deadline too: a worker restarting or loading is waited for
+            # within it (models/remote.py) rather than the turn lost at once.
             async with asyncio.timeout(deadline_s):
-                transcript = await self._transcribe(audio)
+                with answer_within(deadline_s) if deadline_s is not None else contextlib.nullcontext():
+                    transcript = await self._transcribe(audio)
         except Exception as exc:  # a stuck or failed engine, or a bug: the caller is told, the call goes on
             self.transcripts_lost += 1
             self._on_lost(failure_kind(exc))

@@ -35,6 +35,7 @@ from models.fallback_voice import FallbackTTSEngine
 from models.orpheus.build import without_emotion_tags
 from models.stalls import StallLimits, without_stalls
 from pipelines.llm import CUT_SHORT_REPLY, FALLBACK_REPLY, EngineLLMService
+from models.scheduling import ANSWER_DEADLINE
 from pipelines.stt import NOT_HEARD_REPLY, EngineSTTService
 from pipelines.tts import EngineTTSService
 from pipelines.voice import Engines
@@ -189,6 +190,30 @@ async def test_a_turn_whose_transcript_is_lost_is_answered_by_asking_the_caller_
     said = [f.text for f in down if isinstance(f, TTSSpeakFrame)]
     assert said == [NOT_HEARD_REPLY] and not [f for f in down if isinstance(f, TranscriptionFrame)]
     assert stt.transcripts_lost == 1
+
+
+class DeadlineRecordingASR(FailingASR):
+    """Transcribes, noting the answer deadline its request carried (models.scheduling)."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.seconds_left: list[float | None] = []
+
+    async def transcribe(self, pcm16: bytes, *, prompt: str | None = None) -> Transcript:
+        deadline = ANSWER_DEADLINE.get()
+        self.seconds_left.append(None if deadline is None else deadline - time.monotonic())
+        return Transcript(text="what time do you open", audio_seconds=1.0, compute_seconds=0.0, language="en",
+                          no_speech_probability=0.1)
+
+
+async def test_the_transcript_request_carries_the_turns_deadline_for_a_worker_to_be_waited_for_within():
+    engine = DeadlineRecordingASR()
+    stt = EngineSTTService(engine, max_segment_seconds=30, transcript_deadline_s=lambda seconds: DEADLINE_S)
+    frames = [VADUserStartedSpeakingFrame(), *speech_frames(1.0), VADUserStoppedSpeakingFrame(stop_secs=0.4)]
+    down, _ = await run_test(stt, frames_to_send=frames)
+    assert [f.text for f in down if isinstance(f, TranscriptionFrame)] == ["what time do you open"]
+    assert len(engine.seconds_left) == 1 and 0 < engine.seconds_left[0] <= DEADLINE_S
+    assert ANSWER_DEADLINE.get() is None
 
 
 def test_the_transcript_deadline_grows_with_the_turn():

@@ -24,7 +24,8 @@ import pytest
 import uvicorn
 
 from models.errors import CadenceError, CapacityError, ConfigError, WorkerUnavailableError
-from models.remote import RemoteASREngine, RemoteEmbeddingEngine, RemoteOptions, RemoteTTSEngine, deadline_within
+from models.remote import RemoteASREngine, RemoteEmbeddingEngine, RemoteOptions, RemoteTTSEngine
+from models.scheduling import answer_within
 from tests.fakes_workers import GatedASR, GatedEmbedder, ScriptedTTS, fake_vector
 from workers.batched_embedder import BatchedEmbedder
 from workers.batcher import BatchPolicy
@@ -35,17 +36,18 @@ WAIT_S = 5.0  # bound on an event that must come; never reached when the code is
 CLEAR_ERROR_S = 2.0  # a call must learn that its worker is gone within this
 
 
-def _listening_socket() -> socket.socket:
+def _listening_socket(port: int = 0) -> socket.socket:
     sock = socket.socket(socket.AF_INET, socket.SOCK_STREAM)
     sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
-    sock.bind(("127.0.0.1", 0))
+    sock.bind(("127.0.0.1", port))
     sock.listen(64)  # connections queue here even before uvicorn accepts: no start-up wait
     return sock
 
 
 @contextlib.asynccontextmanager
-async def serving(app) -> AsyncIterator[str]:
-    sock = _listening_socket()
+async def serving(app, *, port: int = 0) -> AsyncIterator[str]:
+    """`app` on loopback, on `port` (0: a free one), until the block ends."""
+    sock = _listening_socket(port)
     server = uvicorn.Server(uvicorn.Config(app, log_level="warning", lifespan="on", timeout_graceful_shutdown=2))
     task = asyncio.create_task(server.serve(sockets=[sock]))
     try:
@@ -193,7 +195,7 @@ async def test_a_deadline_that_passes_is_a_retryable_504_and_capacity_for_the_cl
     engine.gate.clear()
     async with serving(_app(engine, "asr")) as url:
         remote = RemoteASREngine(url)
-        with deadline_within(0.001), pytest.raises(CapacityError, match="deadline"):
+        with answer_within(0.001), pytest.raises(CapacityError, match="deadline"):
             await remote.transcribe(b"\x00\x01" * 160)
         await remote.close()
 

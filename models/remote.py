@@ -9,7 +9,8 @@ The pipeline cannot tell them from in-process engines: the same ABCs and the sam
 A dead worker shows within `connect_timeout_s` (a refused connection at once), so a call
 gets a clear error within two seconds instead of a hang, unless the caller set a deadline
 (models.scheduling.answer_within): then a request that no replica took (every one refused
-the connection, or answered 503 retryable: restarting, loading, full) waits and tries again
+the connection, or answered 503 retryable: restarting, loading, full), or a transcription or
+embedding whose worker died under it, waits and tries again
 while the deadline leaves time, as a worker the supervisor restarts is back in seconds (an ASR
 worker killed mid-turn: 2.8-4.6 s, inside a transcript's 4-5 s). Every request carries an
 X-Request-Id, X-Deadline-Ms when the caller set a deadline, and
@@ -206,7 +207,10 @@ class WorkerClient:
                 self.replicas.finished(url)
                 other = self._after_failure(url, exc, retried)
                 if other is None:
-                    pause = self._pause_before_retry(waits) if isinstance(exc, CONNECT_FAILURES) else None
+                    # A whole answer (a transcript, vectors) may be asked again; a stream only if
+                    # it never reached the worker, as its audio may have begun.
+                    again = isinstance(exc, CONNECT_FAILURES) or not stream
+                    pause = self._pause_before_retry(waits) if again else None
                     if pause is None:
                         raise self._unavailable(url, exc, request_id) from exc
             except BaseException:  # cancelled (a barge-in, a hang-up): the slot is not ours any more

@@ -65,6 +65,27 @@ async def test_a_worker_that_refused_connections_is_waited_for_until_it_is_back(
     await remote.close()
 
 
+async def test_a_transcription_whose_worker_died_under_it_is_asked_again_once_it_is_back():
+    port = closed_port()
+    connections = asyncio.Event()
+
+    async def die_mid_request(reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
+        await reader.read(1)  # the request has begun to arrive, then the worker is gone
+        connections.set()
+        writer.transport.abort()
+
+    dying = await asyncio.start_server(die_mid_request, "127.0.0.1", port, reuse_address=True)
+    remote = RemoteASREngine([f"http://127.0.0.1:{port}"])
+    with answer_within(WAIT_S):
+        waiting = asyncio.create_task(remote.transcribe(b"\x00\x01" * 4))
+    await asyncio.wait_for(connections.wait(), WAIT_S)
+    dying.close()
+    await dying.wait_closed()
+    async with serving(_app(GatedASR(), "asr"), port=port):
+        assert (await asyncio.wait_for(waiting, WAIT_S)).text == "4 samples"
+    await remote.close()
+
+
 async def test_a_deadline_too_near_for_another_try_fails_with_the_workers_error_before_it_passes():
     remote = RemoteASREngine([f"http://127.0.0.1:{closed_port()}"])
     with answer_within(0.05):

@@ -56,16 +56,18 @@ class ActiveCall:
         self.hearing = partial
 
     def snapshot(self) -> dict[str, Any]:
-        turns = self.voice.observer.timeline.turns if self.voice else []
+        """The call so far: its newest turns (pipelines.turn_timeline.KEPT_TURNS; the stored call
+        has every one) and `turn_count`, how many there were."""
+        timeline = self.voice.observer.timeline if self.voice else None
         return {"id": self.id, "agent": self.agent.name, "transport": self.transport, "external_id": self.external_id,
                 "started_at": self.started_at, "live": True, "hearing": self.hearing,
-                "turns": [turn_to_dict(t) for t in turns]}
+                "turn_count": timeline.turn_count if timeline else 0,
+                "turns": [turn_to_dict(t) for t in timeline.turns] if timeline else []}
 
     def progress(self) -> dict[str, Any]:
         """What a dashboard shows of a call in progress: no transcript."""
-        turns = self.voice.observer.timeline.turns if self.voice else []
         return {"id": self.id, "agent": self.agent.name, "transport": self.transport, "started_at": self.started_at,
-                "turns": len(turns)}
+                "turns": self.voice.observer.timeline.turn_count if self.voice else 0}
 
 
 class CallManager:

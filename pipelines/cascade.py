@@ -11,7 +11,6 @@ from __future__ import annotations
 from collections.abc import Callable
 
 from pipecat.audio.vad.vad_analyzer import VADParams
-from pipecat.processors.aggregators.llm_context import LLMContext
 from pipecat.processors.aggregators.llm_response_universal import LLMContextAggregatorPair, LLMUserAggregatorParams
 from pipecat.turns.user_start import VADUserTurnStartStrategy
 from pipecat.turns.user_stop.speech_timeout_user_turn_stop_strategy import SpeechTimeoutUserTurnStopStrategy
@@ -19,6 +18,7 @@ from pipecat.turns.user_turn_strategies import UserTurnStrategies
 
 from agent.config import CadenceConfig
 from pipelines.call_agent import CallAgent
+from pipelines.dialogue_context import DialogueContext
 from pipelines.eager_turn import EagerSpeechTimeoutStopStrategy
 from pipelines.llm import EngineLLMService
 from pipelines.pause_judge import PauseJudge
@@ -61,7 +61,9 @@ def cascade_stages(*, engines: Engines, config: CadenceConfig, agent: CallAgent,
                            on_partial=hooks.on_partial, pause_judge=judge, eager_reply=eager,
                            transcript_deadline_s=config.deadlines.asr_seconds_for,
                            on_lost=lambda kind: hooks.on_model_failure("asr", kind))
-    context = LLMContext(messages=[{"role": "system", "content": agent.system_prompt}])
+    # Bounded to the dialogue the prompt window can still reach (pipelines/dialogue_context.py).
+    context = DialogueContext(messages=[{"role": "system", "content": agent.system_prompt}],
+                              max_history_messages=config.llm.max_history_messages)
     aggregators = LLMContextAggregatorPair(
         context,
         user_params=LLMUserAggregatorParams(

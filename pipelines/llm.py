@@ -38,6 +38,19 @@ CUT_SHORT_REPLY = " Sorry, I lost my train of thought."
 ELIDED = "[...] "
 
 
+def is_dialogue(message: ChatMessage) -> bool:
+    """A caller's or the agent's words: what the prompt window counts and moves over."""
+    return message.get("role") in ("user", "assistant") and isinstance(message.get("content"), str)
+
+
+def window_start(dialogue_messages: int, max_history: int) -> int:
+    """Where the prompt's dialogue starts, counted in dialogue messages: the overflow over
+    `max_history`, rounded up to whole steps of half the window (see `prompt_window`)."""
+    step = max(1, max_history // 2)
+    overflow = max(0, dialogue_messages - max_history)
+    return -(-overflow // step) * step
+
+
 def prompt_window(messages: list[ChatMessage], max_history: int,
                   max_dialogue_chars: int | None = None) -> list[ChatMessage]:
     """System messages plus at most `max_history` recent dialogue messages, and at most
@@ -53,11 +66,8 @@ def prompt_window(messages: list[ChatMessage], max_history: int,
     reply is about. Within the budget, the prompt is the step-wise window above.
     """
     system = [m for m in messages if m.get("role") == "system"]
-    dialogue = [m for m in messages if m.get("role") in ("user", "assistant") and isinstance(m.get("content"), str)]
-    step = max(1, max_history // 2)
-    overflow = max(0, len(dialogue) - max_history)
-    start = -(-overflow // step) * step  # overflow rounded up to whole steps
-    window = dialogue[start:]
+    dialogue = [m for m in messages if is_dialogue(m)]
+    window = dialogue[window_start(len(dialogue), max_history):]
     if max_dialogue_chars is None:
         return system + window
     while len(window) > 1 and sum(len(m["content"]) for m in window) > max_dialogue_chars:

@@ -7,6 +7,7 @@ handed to the caller's connection.
 
 from __future__ import annotations
 
+from collections import deque
 from collections.abc import Callable
 from dataclasses import dataclass, field
 
@@ -19,6 +20,12 @@ STAGES = (
     "tts_first_audio",  # first audio chunk out of TTS
     "first_audio_sent",  # first reply audio written to the caller's transport
 )
+
+# Turns a call keeps in memory, the open one included: what its live page shows, and where a
+# reply cut after the fact is looked for. Older ones drop out, oldest first; each closed turn
+# has gone to `on_closed` (the store), which keeps them all. Unbounded, a long call kept every
+# turn until it ended: part of the soak's memory growth.
+KEPT_TURNS = 50
 
 
 @dataclass
@@ -51,10 +58,13 @@ class TurnTimeline:
     An eager reply (started at a pause, before the turn ended) reaches some stages early:
     they are kept aside (`stage_ahead`) and given to the turn its final transcript opens,
     unless the eager reply is dropped first.
+
+    `turns` holds the newest KEPT_TURNS turns; `turn_count` counts them all.
     """
 
     def __init__(self, on_closed: Callable[[Turn], None] = lambda turn: None) -> None:
-        self.turns: list[Turn] = []
+        self.turns: deque[Turn] = deque(maxlen=KEPT_TURNS)
+        self.turn_count = 0  # turns opened so far in the call; the next one's index
         self._on_closed = on_closed
         self._open: Turn | None = None
         self._bot_speaking = False
@@ -72,9 +82,10 @@ class TurnTimeline:
         if turn is None or turn.stage_at:  # a new utterance after the previous reply began
             if turn is not None:
                 self._close(last_voiced_at, interrupted=self._bot_speaking)
-            turn = Turn(index=len(self.turns), user_text=" ".join(self._parts_ahead))
+            turn = Turn(index=self.turn_count, user_text=" ".join(self._parts_ahead))
             self._parts_ahead.clear()
             self.turns.append(turn)
+            self.turn_count += 1
             self._open = turn
         # The caller paused and went on before we answered: same turn, later end of speech.
         turn.end_of_speech_at = last_voiced_at

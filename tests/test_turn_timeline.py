@@ -1,6 +1,6 @@
 import pytest
 
-from pipelines.turn_timeline import STAGES, TurnTimeline
+from pipelines.turn_timeline import KEPT_TURNS, STAGES, TurnTimeline
 
 
 def run_reply(timeline: TurnTimeline, t0: float) -> None:
@@ -153,3 +153,20 @@ def test_a_turn_whose_words_were_lost_is_its_own_turn_closed_by_its_spoken_apolo
     assert timeline.bot_stopped_speaking(102.0) is closed[0]  # no LLM reply to wait for
     assert (closed[0].user_text, closed[0].ttfs_ms) == ("", 500.0)
     assert timeline.user_stopped_speaking(110.0) is not closed[0] and len(timeline.turns) == 2
+
+
+def test_a_long_call_keeps_only_its_recent_turns_and_still_numbers_and_closes_every_one():
+    """Before: every turn of a call stayed in memory until it ended (the soak's growth)."""
+    closed = []
+    timeline = TurnTimeline(on_closed=closed.append)
+    for n in range(1000):
+        timeline.user_stopped_speaking(n * 10.0)
+        run_reply(timeline, n * 10.0)
+        timeline.reply_generated()
+        timeline.bot_stopped_speaking(n * 10.0 + 3.0)
+    assert [t.index for t in closed] == list(range(1000))  # each closed turn went to the store
+    assert timeline.turn_count == 1000
+    assert len(timeline.turns) == KEPT_TURNS and list(timeline.turns) == closed[-KEPT_TURNS:]
+    timeline.user_stopped_speaking(10_000.0)  # the open turn is always kept, as the newest
+    assert timeline.turns[-1] is timeline.current and timeline.current.index == 1000
+    assert len(timeline.turns) == KEPT_TURNS

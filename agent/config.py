@@ -275,6 +275,7 @@ def _validate(config: CadenceConfig) -> None:
         (config.server.max_concurrent_calls >= 1, "server.max_concurrent_calls must be >= 1"),
         (config.asr.partial_every_s == 0 or config.asr.partial_every_s >= 0.2,
          "asr.partial_every_s must be 0 (off) or at least 0.2 s"),
+        (config.asr.onednn_primitive_cache >= 0, "asr.onednn_primitive_cache must be >= 0"),
         (config.server.schedule in SCHEDULES, f"server.schedule must be one of {', '.join(SCHEDULES)}"),
         (min(config.transcription.max_upload_bytes, config.transcription.max_pending_jobs,
              config.transcription.job_history, config.transcription.max_speakers) >= 1,

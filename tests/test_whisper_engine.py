@@ -91,3 +91,38 @@ def test_a_transcript_that_starts_over_is_redone_hotter():
     for said in ("I want to go to the shop and then I want to go to the park.",
                  "I am sorry. I am sorry about that.", "Thank you. Thank you."):
         assert not starts_over(said) and looks_right(FastResult(said, -0.2, 0.01)), said
+
+
+def rss_growth_over_new_lengths(passes: int) -> float:
+    """MB of resident memory a fresh Whisper engine gains over `passes` transcriptions, each of
+    an input length it has not seen (a turn's trimmed window, 10 ms longer each time)."""
+    from pathlib import Path
+
+    def rss_mb() -> float:
+        status = Path("/proc/self/status").read_text().splitlines()
+        return int(next(line for line in status if line.startswith("VmRSS:")).split()[1]) / 1024
+
+    engine = WhisperASREngine(ASRConfig())
+    engine.load()
+    engine.warm_up()
+    speech = np.frombuffer(phone_quality("What time do you open on Saturday?"), dtype=np.int16)
+    for n in range(passes + 5):
+        if n == 5:
+            before = rss_mb()
+        engine._transcribe_blocking(np.concatenate([speech, np.zeros(160 * n, dtype=np.int16)]).tobytes(), None)
+    return rss_mb() - before
+
+
+def test_a_new_input_length_every_pass_does_not_grow_memory():
+    """Before: oneDNN kept ~1.5 MB of primitives per input length (+60 MB over these 40 passes),
+    and nearly every turn is a new length: the soak's growth. In a process of its own: the
+    cache's size is fixed when it is built, and RSS is the process's."""
+    import subprocess
+    import sys
+
+    from tests.conftest import REPO_ROOT
+
+    run = subprocess.run([sys.executable, "-c", "from tests.test_whisper_engine import rss_growth_over_new_lengths as g; "
+                          "print(g(40))"], cwd=REPO_ROOT, capture_output=True, text=True, timeout=120)
+    assert run.returncode == 0, run.stderr[-2000:]
+    assert float(run.stdout.split()[-1]) < 15.0  # after: ~1.6 MB; before: ~46 MB

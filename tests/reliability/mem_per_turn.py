@@ -70,6 +70,21 @@ def malloc_figures() -> dict:
     return figures
 
 
+def rss_by_mapping() -> collections.Counter:
+    """Resident KB by kind of mapping (/proc/self/smaps): the C heap, anonymous mmaps (pymalloc
+    arenas, large mallocs, native allocators), thread stacks, and files by name."""
+    kb: collections.Counter = collections.Counter()
+    name = ""
+    for line in Path("/proc/self/smaps").read_text().splitlines():
+        fields = line.split()
+        if fields and "-" in fields[0] and len(fields) >= 5 and not fields[0].endswith(":"):
+            name = fields[5] if len(fields) > 5 else "[anon]"
+            name = Path(name).name if name.startswith("/") else name
+        elif fields and fields[0] == "Rss:":
+            kb[name] += int(fields[1])
+    return kb
+
+
 def object_counts() -> collections.Counter:
     """gc-tracked objects by type; weak references also by what they refer to and hold them
     (`weakref->Target@Holder`), since a growing count of them says little on its own."""
@@ -138,7 +153,7 @@ def _checkpoint(label: str, app, trace: bool, holders: bool) -> dict:
         dead_weakref_holders()
     counts = object_counts()
     point = {"label": label, "at": time.monotonic(), "rss_mb": rss_mb(), "objects": counts,
-             "call": call_state(app), **malloc_figures()}
+             "call": call_state(app), "mappings": rss_by_mapping(), **malloc_figures()}
     if trace:
         point["snapshot"] = tracemalloc.take_snapshot().filter_traces(
             (tracemalloc.Filter(False, tracemalloc.__file__), tracemalloc.Filter(False, "<frozen importlib._bootstrap>")))
@@ -160,6 +175,10 @@ def report(a: dict, b: dict, turns: int, trace: bool, top: int) -> None:
         in_use, kept = (b[k] - a[k] for k in ("malloc_in_use_mb", "malloc_free_kept_mb"))
         print(f"glibc malloc: in use {in_use:+.2f} MB ({in_use * 1024 / turns:+.1f} KB/turn), "
               f"free but kept {kept:+.2f} MB; python blocks {b['py_blocks'] - a['py_blocks']:+d}")
+    mapped = collections.Counter(b["mappings"])
+    mapped.subtract(a["mappings"])
+    print("  RSS by mapping: " + ", ".join(f"{name} {kb:+d} KB" for name, kb in mapped.most_common(6) if kb)
+          + "; shrank: " + ", ".join(f"{name} {kb:+d} KB" for name, kb in mapped.most_common()[:-4:-1] if kb < 0))
     if "rss_trimmed_mb" in a:
         grown = b["rss_trimmed_mb"] - a["rss_trimmed_mb"]
         print(f"RSS after gc + malloc_trim: {grown:+.2f} MB, {grown * 1024 / turns:+.1f} KB/turn")

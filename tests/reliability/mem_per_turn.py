@@ -30,6 +30,7 @@ import collections
 import ctypes
 import gc
 import json
+import random
 import subprocess
 import sys
 import tempfile
@@ -207,7 +208,7 @@ def report(a: dict, b: dict, turns: int, trace: bool, top: int) -> None:
 
 def chat_server(port_file: str) -> None:
     """A stand-in for llama-server (its own process: its memory is not the agent server's): an
-    OpenAI chat endpoint that streams a one-sentence reply in pieces, as the real one does."""
+    OpenAI chat endpoint that streams a one-sentence reply of 4-24 words, a word a piece."""
     import socket
 
     import uvicorn
@@ -215,11 +216,18 @@ def chat_server(port_file: str) -> None:
     from starlette.responses import JSONResponse, StreamingResponse
     from starlette.routing import Route
 
+    replies = random.Random(0)
+    words = ("we open at nine on saturday and the clinic closes at noon while parking is free behind "
+             "the building for every patient who books").split()
+
     async def chat(request):
         body = await request.json()
+        # A new sentence length most turns, as a real model's replies have (the voice meets them).
+        reply = " ".join(replies.choices(words, k=replies.randint(4, 24))).capitalize() + "."
+        pieces = [f"{w} " for w in reply.split()]
 
         async def events():
-            for piece in ("We open ", "at nine ", "on Saturday ", "morning.")[: body.get("max_tokens", 4)]:
+            for piece in pieces[: body.get("max_tokens", len(pieces))]:
                 yield f"data: {json.dumps({'choices': [{'delta': {'content': piece}}]})}\n\n"
                 await asyncio.sleep(0.02)
             yield "data: [DONE]\n\n"

@@ -92,11 +92,12 @@ class CallerProcess:
                     {"error": f"the caller exited ({self.process.returncode}) without a result"})
 
     async def wait_connected(self) -> None:
-        connected = asyncio.create_task(self.connected.wait())
-        await asyncio.wait([connected, asyncio.create_task(self.done.wait())], timeout=CONNECT_TIMEOUT_S,
-                           return_when=asyncio.FIRST_COMPLETED)
-        if not connected.done():
-            connected.cancel()
+        """Until the caller says it connected; ConnectionError if it ended or timed out first."""
+        waits = [asyncio.create_task(self.connected.wait()), asyncio.create_task(self.done.wait())]
+        await asyncio.wait(waits, timeout=CONNECT_TIMEOUT_S, return_when=asyncio.FIRST_COMPLETED)
+        for wait in waits:
+            wait.cancel()
+        if not self.connected.is_set():
             raise ConnectionError(f"the caller did not connect: {self.result.get('error')}")
 
     async def stop(self, timeout_s: float = 30.0) -> dict:

@@ -237,15 +237,7 @@ async def _lasting_outage(network: CallerNetwork, base_url: str, http: httpx.Asy
         await _wait_for(lambda: any(t["answered"] for t in caller.turns), 30.0)  # in the middle of a call
         network.blackhole(True)
         dropped_at = time.monotonic()
-        stored: dict = {}
-
-        async def ended() -> bool:
-            nonlocal stored
-            stored = (await http.get(f"/api/calls/{caller.call_id}")).json()
-            return stored.get("live") is False and stored.get("ended_at") is not None
-
-        while not await ended() and time.monotonic() - dropped_at < give_up_s:
-            await asyncio.sleep(0.5)
+        stored = await _stored_call(http, caller.call_id, timeout_s=give_up_s)
         ended_after_s = round(time.monotonic() - dropped_at, 1) if stored.get("ended_at") else None
     finally:
         network.blackhole(False)

@@ -11,7 +11,6 @@ speaks over a reply.
 
 from __future__ import annotations
 
-from pipecat.audio.vad.silero import SileroVADAnalyzer
 from pipecat.audio.vad.vad_analyzer import VADParams
 from pipecat.frames.frames import Frame, VADUserStoppedSpeakingFrame
 from pipecat.processors.aggregators.llm_context import LLMContext
@@ -21,6 +20,7 @@ from pipecat.services.openai.realtime.llm import OpenAIRealtimeLLMService
 
 from pipelines.call_agent import CallAgent, SpeechToSpeechSettings
 from pipelines.speech_adapter import SpeechStages
+from pipelines.vad import SharedSessionSileroVAD
 from pipelines.stt import CallerSpeechEndFrame
 
 # pipecat always sends an Authorization header; a keyless server (a Cadence on loopback) ignores it.
@@ -47,6 +47,6 @@ def openai_realtime_stages(remote: SpeechToSpeechSettings, *, agent: CallAgent, 
         settings=OpenAIRealtimeLLMService.Settings(model=remote.model, system_instruction=agent.system_prompt),
     )
     aggregators = LLMContextAggregatorPair(
-        context, user_params=LLMUserAggregatorParams(vad_analyzer=SileroVADAnalyzer(params=vad_params)))
+        context, user_params=LLMUserAggregatorParams(vad_analyzer=SharedSessionSileroVAD(params=vad_params)))
     return SpeechStages(before_output=(SpeechEndMarker(), aggregators.user(), service),
                         after_output=(aggregators.assistant(),), context=context)

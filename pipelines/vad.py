@@ -8,17 +8,63 @@ The silence that ends the turn can change while it is being waited out: `allow_p
 shortens or lengthens it for the current pause (the turn-end policy's verdict,
 pipelines/turn_end.py), and every new pause starts from `stop_secs` again. A pause
 already longer than the new allowance ends the turn at the next analysed frame.
+
+Every call's VAD runs on one ONNX Runtime session per process (`SharedSessionSileroVAD`):
+pipecat's analyzer loads a session of its own for each call, ~3 ms and a share of native
+memory that is not all given back when the call ends (the vanishing-callers scenario's
+growth). The session holds only the weights; each call keeps its own recurrent state, and
+ONNX Runtime runs one session from several threads at once.
 """
 
 from __future__ import annotations
 
+import threading
 from collections.abc import Callable
+from importlib import resources
 
-from pipecat.audio.vad.silero import SileroVADAnalyzer
-from pipecat.audio.vad.vad_analyzer import VADState
+import onnxruntime
+from pipecat.audio.vad.silero import SileroOnnxModel, SileroVADAnalyzer
+from pipecat.audio.vad.vad_analyzer import VADAnalyzer, VADParams, VADState
+
+_SILERO_MODEL = ("pipecat.audio.vad.data", "silero_vad.onnx")  # the weights pipecat ships
+_session_lock = threading.Lock()
+_session: onnxruntime.InferenceSession | None = None
 
 
-class PauseAwareSileroVAD(SileroVADAnalyzer):
+def shared_silero_session() -> onnxruntime.InferenceSession:
+    """The process's Silero session, loaded on first use (pipelines are built on threads)."""
+    global _session
+    with _session_lock:
+        if _session is None:
+            package, name = _SILERO_MODEL
+            _session = SileroOnnxModel(str(resources.files(package).joinpath(name)), force_onnx_cpu=True).session
+        return _session
+
+
+class _CallSileroModel(SileroOnnxModel):
+    """pipecat's model wrapper (its input checks, context and recurrent state, all per call)
+    over the shared session instead of a session of its own."""
+
+    def __init__(self, session: onnxruntime.InferenceSession) -> None:  # not super(): it would load one
+        self.session = session
+        self.reset_states()
+        self.sample_rates = [8000, 16000]
+
+
+class SharedSessionSileroVAD(SileroVADAnalyzer):
+    """pipecat's Silero analyzer, unchanged but for where its session comes from."""
+
+    def __init__(self, *, sample_rate: int | None = None, params: VADParams | None = None) -> None:
+        # SileroVADAnalyzer.__init__ would load a session; the rest of what it sets is here
+        # (tests/test_vad.py checks both set the same attributes, so a pipecat update that adds
+        # one fails there rather than in a call).
+        VADAnalyzer.__init__(self, sample_rate=sample_rate, params=params)
+        self._model = _CallSileroModel(shared_silero_session())
+        self._windows_since_reset = 0
+        self._low_confidence_windows = 0
+
+
+class PauseAwareSileroVAD(SharedSessionSileroVAD):
     def __init__(self, *, pause_secs: float, on_pause: Callable[[], None], on_resume: Callable[[], None],
                  **kwargs) -> None:
         super().__init__(**kwargs)

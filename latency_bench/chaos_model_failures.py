@@ -37,6 +37,7 @@ from latency_bench import servers, twilio_caller
 from latency_bench.chaos_admission import ws_url
 from latency_bench.conversation import PlannedTurn
 from latency_bench.listen import TurnRecord
+from latency_bench.server_figures import poll_until
 from latency_bench.speech import available_voices, speak_as
 from latency_bench.stats import percentile
 
@@ -127,11 +128,8 @@ class FaultInjector:
         return (await self._call()).get("turns", [])
 
     async def _until(self, condition, timeout_s: float = 60.0) -> None:
-        deadline = time.monotonic() + timeout_s
-        while not await condition():
-            if time.monotonic() > deadline:
-                raise TimeoutError
-            await asyncio.sleep(0.02)
+        if not await poll_until(condition, timeout_s, every_s=0.02):
+            raise TimeoutError(f"the caller's turn did not reach the fault's moment within {timeout_s:.0f} s")
 
     async def run(self, plan: list[PlannedTurn]) -> None:
         """Turn by turn: baseline turns pass; then each fault case takes two turns (the faulted

@@ -19,7 +19,6 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import json
-import re
 import sys
 import time
 from dataclasses import dataclass, field
@@ -28,6 +27,7 @@ from pathlib import Path
 import httpx
 
 from latency_bench.netns import CallerNetwork, LinkProfile
+from latency_bench.server_figures import metric_value, poll_until
 from latency_bench.stats import percentile
 
 REPO = Path(__file__).resolve().parent.parent
@@ -40,7 +40,6 @@ CONNECT_TIMEOUT_S = 30.0
 SETTLE_S = 3.0  # after connecting, before the audio window opens: the pipeline is running by then
 POLL_S = 0.05
 SILENCE_SLACK_S = 0.5  # the last frame before an outage came up to this long before it began
-AUDIO_METRIC = re.compile(r'^cadence_caller_audio_seconds_total\{transport="webrtc"\} (\S+)$', re.MULTILINE)
 
 
 @dataclass
@@ -118,29 +117,22 @@ class CallerProcess:
 
 
 async def caller_audio_seconds(http: httpx.AsyncClient) -> float:
-    found = AUDIO_METRIC.search((await http.get("/metrics")).text)
-    return float(found.group(1)) if found else 0.0
-
-
-async def _wait_for(condition, timeout_s: float) -> bool:
-    deadline = time.monotonic() + timeout_s
-    while not condition():
-        if time.monotonic() > deadline:
-            return False
-        await asyncio.sleep(POLL_S)
-    return True
+    return await metric_value(http, "cadence_caller_audio_seconds_total", transport="webrtc")
 
 
 async def _stored_call(http: httpx.AsyncClient, call_id: str | None, timeout_s: float = 10.0) -> dict:
     """The call as stored once it has ended (the server hears of a hang-up a moment after it)."""
     if call_id is None:
         return {}
-    deadline = time.monotonic() + timeout_s
-    while True:
+    call: dict = {}
+
+    async def ended() -> bool:
+        nonlocal call
         call = (await http.get(f"/api/calls/{call_id}")).json()
-        if call.get("live") is False or time.monotonic() > deadline:
-            return call
-        await asyncio.sleep(POLL_S)
+        return call.get("live") is False
+
+    await poll_until(ended, timeout_s, every_s=POLL_S)
+    return call
 
 
 def _turn_figures(turns: list[dict]) -> dict:
@@ -192,7 +184,7 @@ async def _turn_after(caller: CallerProcess, since: float, timeout_s: float) -> 
     """The first turn the caller began after `since`, once it is over."""
     def found() -> dict | None:
         return next((t for t in caller.turns if t["speech_end_at"] and t["speech_end_at"] > since), None)
-    await _wait_for(lambda: found() is not None or caller.done.is_set(), timeout_s)
+    await poll_until(lambda: found() is not None or caller.done.is_set(), timeout_s, every_s=POLL_S)
     return found()
 
 
@@ -201,19 +193,19 @@ async def _short_outage(network: CallerNetwork, base_url: str, http: httpx.Async
     caller = await CallerProcess.start(network, base_url, log=out / "callers.log")
     try:
         await caller.wait_connected()
-        await _wait_for(lambda: any(t["answered"] for t in caller.turns), 30.0)
+        await poll_until(lambda: any(t["answered"] for t in caller.turns), 30.0, every_s=POLL_S)
         network.blackhole(True)
         dropped_at = time.time()
         await asyncio.sleep(outage_s)
         before = await caller_audio_seconds(http)
         back_at = time.time()  # the network is back somewhere in the next command: times are upper bounds
         network.blackhole(False)
-        heard = before
-        deadline = time.monotonic() + 10.0
-        while heard <= before and time.monotonic() < deadline:
-            await asyncio.sleep(POLL_S)
-            heard = await caller_audio_seconds(http)
-        server_heard_ms = round((time.time() - back_at) * 1000) if heard > before else None
+
+        async def heard_again() -> bool:
+            return await caller_audio_seconds(http) > before
+
+        heard = await poll_until(heard_again, 10.0, every_s=POLL_S)
+        server_heard_ms = round((time.time() - back_at) * 1000) if heard else None
         next_turn = await _turn_after(caller, back_at, 40.0)
         live = (await http.get(f"/api/calls/{caller.call_id}")).json().get("live")
     finally:
@@ -234,7 +226,7 @@ async def _lasting_outage(network: CallerNetwork, base_url: str, http: httpx.Asy
     caller = await CallerProcess.start(network, base_url, log=out / "callers.log")
     try:
         await caller.wait_connected()
-        await _wait_for(lambda: any(t["answered"] for t in caller.turns), 30.0)  # in the middle of a call
+        await poll_until(lambda: any(t["answered"] for t in caller.turns), 30.0, every_s=POLL_S)  # mid-call
         network.blackhole(True)
         dropped_at = time.monotonic()
         stored = await _stored_call(http, caller.call_id, timeout_s=give_up_s)

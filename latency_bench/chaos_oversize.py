@@ -17,7 +17,7 @@ import httpx
 import websockets
 
 from latency_bench.chaos_admission import ws_url
-from latency_bench.chaos_vanishing import process_figures, settle
+from latency_bench.server_figures import process_figures, settle
 
 CLOSE_WAIT_S = 5.0
 

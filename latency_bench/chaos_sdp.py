@@ -32,7 +32,7 @@ import httpx
 from aioice import stun
 
 from latency_bench.chaos_admission import calls_active
-from latency_bench.chaos_vanishing import process_figures, settle
+from latency_bench.server_figures import process_figures, settle
 from latency_bench.sdp_mutations import LOOPBACK, FuzzedOffer, fuzzed_offer, real_offers
 
 ANSWER_TIMEOUT_S = 10.0  # no answer by then counts as a hang

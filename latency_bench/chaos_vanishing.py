@@ -16,27 +16,17 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import json
-import re
 import time
 
 import httpx
 import websockets
 
-from latency_bench.chaos_admission import calls_active, start_event, ws_url
+from latency_bench.chaos_admission import start_event, ws_url
+from latency_bench.server_figures import SETTLE_TIMEOUT_S, no_calls_active, poll_until, process_figures, settle
 
 AGENT = {"name": "chaos-greeter", "system_prompt": "You answer calls for a bakery.",
          "greeting": "Hello, this is the bakery. How can I help you today?"}
 GREETING_TIMEOUT_S = 10.0
-SETTLE_TIMEOUT_S = 30.0
-_SAMPLE = re.compile(r"^(process_resident_memory_bytes|process_open_fds|cadence_process_threads) ([0-9.e+]+)$",
-                     re.MULTILINE)
-
-
-async def process_figures(http: httpx.AsyncClient) -> dict[str, float]:
-    text = (await http.get("/metrics")).text
-    figures = {name: float(value) for name, value in _SAMPLE.findall(text)}
-    return {"rss_mb": figures["process_resident_memory_bytes"] / 2**20, "open_fds": figures["process_open_fds"],
-            "threads": figures["cadence_process_threads"]}
 
 
 async def ensure_agent(http: httpx.AsyncClient) -> None:
@@ -70,17 +60,9 @@ async def one_cycle(base_url: str, n: int, *, mid_reply: bool, abrupt: bool) -> 
 async def until_ended(base_url: str) -> float:
     """Seconds until the server has ended the vanished caller's call (no call in progress)."""
     started = time.monotonic()
-    async with asyncio.timeout(SETTLE_TIMEOUT_S):
-        while await calls_active(base_url) > 0:
-            await asyncio.sleep(0.01)
+    if not await poll_until(lambda: no_calls_active(base_url), SETTLE_TIMEOUT_S, every_s=0.01):
+        raise TimeoutError(f"a vanished caller's call still active {SETTLE_TIMEOUT_S:.0f} s later")
     return time.monotonic() - started
-
-
-async def settle(base_url: str) -> None:
-    async with asyncio.timeout(SETTLE_TIMEOUT_S):
-        while await calls_active(base_url) > 0:
-            await asyncio.sleep(0.1)
-    await asyncio.sleep(2.0)  # the server's idle housekeeping (agent/memory.py) has run
 
 
 async def run(base_url: str, *, cycles: int, warmup: int = 20) -> dict:

@@ -1,0 +1,67 @@
+"""What a running server says about itself, read as an operator would (its /metrics and
+/api/calls), and the one way the chaos scenarios wait on it.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import inspect
+import time
+from collections.abc import Awaitable, Callable
+
+import httpx
+from prometheus_client.parser import text_string_to_metric_families
+
+from latency_bench.chaos_admission import calls_active
+
+SETTLE_TIMEOUT_S = 30.0
+IDLE_HOUSEKEEPING_S = 2.0  # the server's idle collection (agent/memory.py) has run by then
+
+
+async def poll_until(condition: Callable[[], bool | Awaitable[bool]], timeout_s: float, *,
+                     every_s: float = 0.05) -> bool:
+    """Whether `condition` (a function, or a coroutine function) came true within `timeout_s`."""
+    deadline = time.monotonic() + timeout_s
+    while True:
+        met = condition()
+        if inspect.isawaitable(met):
+            met = await met
+        if met:
+            return True
+        if time.monotonic() > deadline:
+            return False
+        await asyncio.sleep(every_s)
+
+
+def metric_samples(exposition: str) -> dict[tuple[str, frozenset], float]:
+    """Every sample in a Prometheus text exposition: (name, its labels) -> value."""
+    return {(sample.name, frozenset(sample.labels.items())): sample.value
+            for family in text_string_to_metric_families(exposition) for sample in family.samples}
+
+
+async def metric_value(http: httpx.AsyncClient, name: str, default: float = 0.0, **labels: str) -> float:
+    """One sample of the server's /metrics (`default` while it has none)."""
+    samples = metric_samples((await http.get("/metrics")).text)
+    return samples.get((name, frozenset(labels.items())), default)
+
+
+async def process_figures(http: httpx.AsyncClient) -> dict[str, float]:
+    """The server process's resident memory (MB), open files and OS threads."""
+    samples = metric_samples((await http.get("/metrics")).text)
+
+    def one(name: str) -> float:
+        return samples[(name, frozenset())]
+
+    return {"rss_mb": one("process_resident_memory_bytes") / 2**20, "open_fds": one("process_open_fds"),
+            "threads": one("cadence_process_threads")}
+
+
+async def settle(base_url: str) -> None:
+    """Waits until no call is left and the server has tidied up after them."""
+    if not await poll_until(lambda: no_calls_active(base_url), SETTLE_TIMEOUT_S, every_s=0.1):
+        raise TimeoutError(f"calls still active {SETTLE_TIMEOUT_S:.0f} s later")
+    await asyncio.sleep(IDLE_HOUSEKEEPING_S)
+
+
+async def no_calls_active(base_url: str) -> bool:
+    return await calls_active(base_url) == 0

@@ -1,0 +1,46 @@
+"""The bench's reader of a server's own figures, and its one wait."""
+
+from __future__ import annotations
+
+import httpx
+from prometheus_client import CollectorRegistry, Counter, Gauge, generate_latest
+
+from latency_bench.server_figures import metric_samples, metric_value, poll_until
+
+
+def exposition() -> str:
+    registry = CollectorRegistry()
+    audio = Counter("cadence_caller_audio_seconds", "caller audio", ["transport"], registry=registry)
+    audio.labels("webrtc").inc(12.5)
+    audio.labels("twilio").inc(3)
+    Gauge("process_open_fds", "open files", registry=registry).set(42)
+    return generate_latest(registry).decode()
+
+
+def test_samples_are_read_by_name_and_labels():
+    samples = metric_samples(exposition())
+    assert samples[("cadence_caller_audio_seconds_total", frozenset({("transport", "webrtc")}))] == 12.5
+    assert samples[("cadence_caller_audio_seconds_total", frozenset({("transport", "twilio")}))] == 3
+    assert samples[("process_open_fds", frozenset())] == 42
+
+
+async def test_a_metric_is_read_from_the_servers_metrics_route():
+    text = exposition()
+    transport = httpx.MockTransport(lambda request: httpx.Response(200, text=text))
+    async with httpx.AsyncClient(transport=transport, base_url="http://server") as http:
+        assert await metric_value(http, "cadence_caller_audio_seconds_total", transport="webrtc") == 12.5
+        assert await metric_value(http, "cadence_caller_audio_seconds_total", transport="phone") == 0.0
+        assert await metric_value(http, "not_there", default=-1.0) == -1.0
+
+
+async def test_poll_until_takes_plain_and_coroutine_conditions():
+    checks = []
+
+    async def third_time() -> bool:
+        checks.append(1)
+        return len(checks) >= 3
+
+    assert await poll_until(third_time, 5.0, every_s=0) is True
+    assert len(checks) == 3
+    assert await poll_until(lambda: True, 0.0) is True
+    assert await poll_until(lambda: False, 0.0, every_s=0) is False  # checked once more at the deadline

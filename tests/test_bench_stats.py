@@ -1,7 +1,5 @@
 """Bench summaries, the capacity search, caller plans and plots, on made-up turns."""
 
-import asyncio
-
 import pytest
 
 from latency_bench import report

@@ -5,7 +5,6 @@ from __future__ import annotations
 
 import asyncio
 from dataclasses import replace
-from pathlib import Path
 
 import numpy as np
 import pytest

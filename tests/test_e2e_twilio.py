@@ -7,7 +7,6 @@ transcribed with the project's own ASR and must hold real English words.
 
 from __future__ import annotations
 
-import asyncio
 import re
 
 import httpx

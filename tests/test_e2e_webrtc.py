@@ -13,7 +13,6 @@ both gather exactly 127.0.0.1: the call stays on loopback and works on any host.
 
 from __future__ import annotations
 
-import asyncio
 import re
 
 import aioice.ice

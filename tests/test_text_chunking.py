@@ -1,5 +1,5 @@
 import pytest
-from pipecat.frames.frames import LLMFullResponseEndFrame, LLMFullResponseStartFrame, LLMTextFrame, TTSTextFrame
+from pipecat.frames.frames import LLMFullResponseEndFrame, LLMFullResponseStartFrame, LLMTextFrame
 from pipecat.tests.utils import run_test
 
 from pipelines.text_chunking import FirstPhraseAggregator, split_first_phrase

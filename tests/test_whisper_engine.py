@@ -1,7 +1,5 @@
 """The Whisper engine on the real packaged weights (base and tiny.en)."""
 
-from dataclasses import replace
-
 import numpy as np
 import pytest
 

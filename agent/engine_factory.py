@@ -24,9 +24,14 @@ ORPHEUS_TOKEN_SERVERS = ("vllm", "trtllm-serve", "llama-server")
 
 def build_asr(config: CadenceConfig, endpoint: Endpoint | None = None) -> ASREngine:
     if endpoint is not None:
-        from models.remote import RemoteASREngine
+        from models.remote import RemoteASREngine, RemoteOptions
 
-        return RemoteASREngine(endpoint.urls)
+        if not config.asr.worker_fallback:
+            return RemoteASREngine(endpoint.urls)
+        from models.fallback_asr import FallbackASREngine
+
+        worker = RemoteASREngine(endpoint.urls, options=RemoteOptions(wait_for_worker=False))
+        return FallbackASREngine(worker, build_asr(config))
     if config.asr.engine == "faster-whisper":
         from models.whisper_asr import WhisperASREngine
 

@@ -68,6 +68,9 @@ class RemoteOptions:
     ready_timeout_s: float = 2.0  # load(): how long /readyz may take to answer
     max_connections: int = 64  # pooled connections to each replica; more requests wait for one
     cool_off_s: float = DEFAULT_COOL_OFF_S  # a replica that refused a connection gets no request for this long
+    # Within a request's deadline, wait for a worker that took no request (restarting, loading,
+    # full). False where a fallback in this process answers instead: waiting only delays it.
+    wait_for_worker: bool = True
 
     def __post_init__(self) -> None:
         if min(self.connect_timeout_s, self.read_timeout_s, self.ready_timeout_s) <= 0 or self.max_connections < 1:
@@ -102,6 +105,7 @@ class WorkerClient:
         self._http = {url: httpx.AsyncClient(base_url=url, timeout=timeout, limits=limits) for url in self.urls}
         self._blocking = {url: httpx.Client(base_url=url, timeout=timeout, limits=limits) for url in self.urls}
         self._ready_timeout = httpx.Timeout(options.ready_timeout_s, connect=options.connect_timeout_s)
+        self._wait_for_worker = options.wait_for_worker
 
     @property
     def urls(self) -> tuple[str, ...]:
@@ -233,12 +237,11 @@ class WorkerClient:
                 continue
             url, retried = other, True
 
-    @staticmethod
-    def _pause_before_retry(waits: int) -> float | None:
-        """How long to wait before trying a request no replica took, or None to give up: no
-        deadline was set, or the wait would reach it."""
+    def _pause_before_retry(self, waits: int) -> float | None:
+        """How long to wait before trying a request no replica took, or None to give up: this
+        client does not wait, no deadline was set, or the wait would reach it."""
         deadline = ANSWER_DEADLINE.get()
-        if deadline is None:
+        if deadline is None or not self._wait_for_worker:
             return None
         pause = min(WAIT_MAX_S, WAIT_FIRST_S * 2**waits)
         return pause if time.monotonic() + pause < deadline else None

@@ -10,10 +10,10 @@ pipelines/turn_end.py), and every new pause starts from `stop_secs` again. A pau
 already longer than the new allowance ends the turn at the next analysed frame.
 
 Every call's VAD runs on one ONNX Runtime session per process (`SharedSessionSileroVAD`):
-pipecat's analyzer loads a session of its own for each call, ~3 ms and a share of native
-memory that is not all given back when the call ends (the vanishing-callers scenario's
-growth). The session holds only the weights; each call keeps its own recurrent state, and
-ONNX Runtime runs one session from several threads at once.
+pipecat's analyzer loads a session of its own for each call (the graph optimised again, the
+weights copied again, native memory taken and given back per call: tens of milliseconds of
+every call's start here). The session holds only the weights; each call keeps its own
+recurrent state, and ONNX Runtime runs one session from several threads at once.
 """
 
 from __future__ import annotations

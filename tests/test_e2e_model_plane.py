@@ -59,8 +59,10 @@ async def test_a_call_runs_through_every_model_in_a_worker_process(plane_config)
         assert sorted(w.launch.role for w in workers) == ["asr", "embedder", "llm", "tts"]
         engines = server.app.state.engines
         assert {type(e).__name__ for e in (engines.asr, engines.llm, engines.tts, engines.embedder)} == {
-            "RemoteASREngine", "OpenAIChatLLMEngine", "FallbackTTSEngine", "RemoteEmbeddingEngine"}
-        assert type(engines.tts._primary).__name__ == "RemoteTTSEngine"  # the CPU voice here covers its failures
+            "FallbackASREngine", "OpenAIChatLLMEngine", "FallbackTTSEngine", "RemoteEmbeddingEngine"}
+        # The Whisper and the CPU voice here cover their workers' failures.
+        assert type(engines.asr._primary).__name__ == "RemoteASREngine"
+        assert type(engines.tts._primary).__name__ == "RemoteTTSEngine"
         assert type(engines.turn_end).__name__ == "SmartTurnEngine"  # ~40 ms on one core: stays in-process
         result = await twilio_caller.call(f"{server.ws_url}/ws/twilio", [spoken(QUESTION)])
         turn, = result.turns
@@ -69,6 +71,24 @@ async def test_a_call_runs_through_every_model_in_a_worker_process(plane_config)
         async with httpx.AsyncClient(base_url=server.base_url) as http:
             call_id = (await http.get("/api/calls")).json()["calls"][0]["id"]
             assert_answered_capital_question(await wait_until_ended(http, call_id))
+        # The ASR worker killed while it transcribes the next turn: the in-process Whisper
+        # transcribes it (and the turns after it, until the worker is back): a real answer.
+        asr_worker = next(w for w in workers if w.launch.role == "asr")
+
+        async def kill_when_transcribing() -> None:
+            while engines.asr.queue_depth == 0:
+                await asyncio.sleep(0.005)
+            os.kill(asr_worker.process.pid, signal.SIGKILL)
+
+        killer = asyncio.create_task(kill_when_transcribing())
+        result = await twilio_caller.call(f"{server.ws_url}/ws/twilio", [spoken(QUESTION)])
+        await asyncio.wait_for(killer, 1)
+        turn, = result.turns
+        assert turn.error is None and turn.first_audible_at is not None
+        assert engines.asr.fallbacks >= 1
+        async with httpx.AsyncClient(base_url=server.base_url) as http:
+            call_id = (await http.get("/api/calls")).json()["calls"][0]["id"]
+            assert_answered_capital_question(await wait_until_ended(http, call_id))  # not an apology
         pids = [w.process.pid for w in workers]
     for pid in pids:  # every worker stopped with the server
         with pytest.raises(ProcessLookupError):

@@ -176,7 +176,9 @@ def judge_endless(f: dict) -> Verdict:
                    f"{f['cuts']:.0f} cuts ({f['cuts_within_30s']:.0f} within {TURN_LIMIT_S:g} s) in "
                    f"{f['speech_seconds']:g} s; {f['words_transcribed']} of {f['words_spoken']} words in the stored "
                    f"turn ({coverage:.0%}); memory {f['rss_growth_mb']:+.1f} MB at its peak "
-                   f"({f['rss_after_call_mb'] - f['rss_before_mb']:+.1f} MB once the call ended); reply "
+                   f"({f['rss_after_call_mb'] - f['rss_before_mb']:+.1f} MB once the call ended; the server "
+                   f"{f['rss_before_mb'] - f['rss_fresh_mb']:+.1f} MB since fresh, after a {f['warmup_s']:g} s "
+                   "warm-up turn); reply "
                    f"{'heard, TTFS %.0f ms' % f['ttfs_ms'] if f['reply_heard'] and f['ttfs_ms'] else 'NOT heard'}",
                    passed, f)
 

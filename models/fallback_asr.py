@@ -12,38 +12,14 @@ from __future__ import annotations
 
 import logging
 from collections.abc import Awaitable, Callable
-from typing import Any
 
 from models.base import ASREngine, Transcript
+from models.fallback import WithFallback
 
 log = logging.getLogger(__name__)
 
 
-class FallbackASREngine(ASREngine):
-    def __init__(self, primary: ASREngine, fallback: ASREngine) -> None:
-        self._primary, self._fallback = primary, fallback
-        self.fallbacks = 0
-
-    def load(self) -> None:
-        self._primary.load()
-        self._fallback.load()
-
-    def warm_up(self) -> None:
-        self._primary.warm_up()
-        self._fallback.warm_up()
-
-    @property
-    def queue_depth(self) -> int:
-        return self._primary.queue_depth
-
-    @property
-    def batch_size(self) -> int | None:
-        return self._primary.batch_size
-
-    def health(self) -> dict[str, Any]:
-        """The primary's, and how many transcripts the fallback has had to make."""
-        return {**self._primary.health(), "fallbacks": self.fallbacks}
-
+class FallbackASREngine(WithFallback[ASREngine], ASREngine):
     async def transcribe(self, pcm16: bytes, *, prompt: str | None = None) -> Transcript:
         return await self._either(lambda engine: engine.transcribe(pcm16, prompt=prompt))
 
@@ -59,7 +35,3 @@ class FallbackASREngine(ASREngine):
             log.warning("ASR worker failed (%s: %s); this transcript falls back to the in-process Whisper",
                         exc.__class__.__name__, exc)
         return await ask(self._fallback)
-
-    async def close(self) -> None:
-        await self._primary.close()
-        await self._fallback.close()

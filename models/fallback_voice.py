@@ -11,50 +11,33 @@ from __future__ import annotations
 
 import logging
 from collections.abc import AsyncIterator, Callable
-from typing import Any
 
 import numpy as np
 import soxr
 
 from models.base import TTSEngine
+from models.fallback import WithFallback
 from models.stalls import StallLimits, without_stalls
 
 log = logging.getLogger(__name__)
 
 
-class FallbackTTSEngine(TTSEngine):
+class FallbackTTSEngine(WithFallback[TTSEngine], TTSEngine):
     """The primary voice; a sentence it fails, or gives no audio for within
     `first_audio_within_s`, is said by the fallback voice, given `fallback_text(text)` (what
     it can say of a sentence written for the primary)."""
 
     def __init__(self, primary: TTSEngine, fallback: TTSEngine, *, first_audio_within_s: float | None = None,
                  fallback_text: Callable[[str], str] = lambda text: text) -> None:
-        self._primary, self._fallback = primary, fallback
+        super().__init__(primary, fallback)
         # Once audio came, the primary has the sentence: the service's own deadlines cover a
         # stall after that (pipelines/tts.py).
         self._limits = StallLimits(first_audio_within_s) if first_audio_within_s else None
         self._fallback_text = fallback_text
-        self.fallbacks = 0
 
     @property
     def sample_rate(self) -> int:  # a worker's is known once it is loaded
         return self._primary.sample_rate
-
-    def load(self) -> None:
-        self._primary.load()
-        self._fallback.load()
-
-    def warm_up(self) -> None:
-        self._primary.warm_up()
-        self._fallback.warm_up()
-
-    @property
-    def queue_depth(self) -> int:
-        return getattr(self._primary, "queue_depth", 0)
-
-    def health(self) -> dict[str, Any]:
-        """The primary voice's, and how many sentences the fallback voice has had to say."""
-        return {**self._primary.health(), "fallbacks": self.fallbacks}
 
     async def synthesize(self, text: str) -> AsyncIterator[bytes]:
         started = False
@@ -74,7 +57,3 @@ class FallbackTTSEngine(TTSEngine):
         async for chunk in self._fallback.synthesize(self._fallback_text(text)):
             yield resampler.resample_chunk(np.frombuffer(chunk, dtype=np.int16)).tobytes()
         yield resampler.resample_chunk(np.zeros(0, dtype=np.int16), last=True).tobytes()
-
-    async def close(self) -> None:
-        await self._primary.close()
-        await self._fallback.close()

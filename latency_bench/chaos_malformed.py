@@ -283,7 +283,8 @@ def errors_logged(log: Path | None, since_bytes: int) -> list[str]:
 async def run(base_url: str, *, messages: int, budget: int, turns: int, seed: int = 0,
               log: Path | None = None) -> dict:
     """`messages` faults, half to each path, while a clean caller talks `turns` turns; the same caller
-    alone first, for its TTFS without the fuzzing."""
+    alone first, for its TTFS without the fuzzing. Rounds of `messages` (each its own seed) go on
+    until the clean call has ended, so every one of its turns is measured under the fuzzing."""
     import httpx  # noqa: PLC0415 - only the health check needs it
 
     await _clean_call(base_url, 2, seed + 1)  # warm-up: a fresh server's first turns are slow
@@ -291,14 +292,21 @@ async def run(base_url: str, *, messages: int, budget: int, turns: int, seed: in
     log_from = log.stat().st_size if log is not None and log.exists() else 0
     started = time.monotonic()
     clean = asyncio.create_task(_clean_call(base_url, turns, seed))
-    # One fuzzer at a time: with the clean call and a call still ending, that fits a cap of 4.
-    realtime = await fuzz_realtime(base_url, faults("realtime", messages // 2, seed=seed), budget=budget)
-    twilio = await fuzz_twilio(base_url, faults("twilio", messages - messages // 2, seed=seed), budget=budget)
+    realtime: list[Outcome] = []
+    twilio: list[Outcome] = []
+    rounds = 0
+    while rounds == 0 or not clean.done():
+        # One fuzzer at a time: with the clean call and a call still ending, that fits a cap of 4.
+        round_seed = seed + 1000 * rounds
+        realtime += await fuzz_realtime(base_url, faults("realtime", messages // 2, seed=round_seed), budget=budget)
+        twilio += await fuzz_twilio(base_url, faults("twilio", messages - messages // 2, seed=round_seed),
+                                    budget=budget)
+        rounds += 1
     fuzz_s = time.monotonic() - started
     alongside = await clean
     async with httpx.AsyncClient(base_url=base_url, timeout=10) as http:
         healthy = (await http.get("/healthz")).status_code == 200
-    return {"messages": messages, "budget": budget, "fuzz_seconds": round(fuzz_s, 1),
+    return {"messages": messages * rounds, "rounds": rounds, "budget": budget, "fuzz_seconds": round(fuzz_s, 1),
             "realtime": summarize(realtime), "twilio": summarize(twilio), "server_healthy_after": healthy,
             "errors_logged": errors_logged(log, log_from),
             "clean_call": {"turns": turns, "baseline_ttfs_ms": baseline, "alongside_ttfs_ms": alongside,

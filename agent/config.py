@@ -110,8 +110,8 @@ class ASRConfig(WhisperOptions):
     # pass, which then decodes only the rest. 0 turns it off (the default until measured to
     # pay for its CPU on a loaded machine; see pipelines/stt.py).
     partial_every_s: float = 0.0
-    # ASR served by a worker (a deployment's asr): a transcript the worker fails (it died, or is
-    # restarting) is made by the Whisper above, loaded in this process as well (~150 MB for
+    # ASR served by a worker (a deployment's asr): a transcript the worker fails (it died, is
+    # restarting, or refused it as full) is made by the Whisper above, loaded in this process as well (~150 MB for
     # whisper-base), instead of the turn being lost. false: the turn waits for the worker within
     # its deadline (deadlines.asr_*), then the caller hears an apology.
     worker_fallback: bool = True

@@ -1,7 +1,9 @@
 """Transcripts with a second recognizer behind the first: a turn whose ASR worker has died
 (refused the connection, lost it mid-request, answered that it is restarting) is transcribed
 by the in-process Whisper instead, so the caller gets an answer rather than "Sorry, I didn't
-catch that", at once rather than after the worker's restart (2.6-4.6 s on this machine).
+catch that", at once rather than after the worker's restart (2.6-4.6 s on this machine). A
+worker that refuses a request as full (503) is passed over the same way: the overflow is
+transcribed here, up to the in-process engine's own bounded queue, rather than apologised for.
 
 Only a failure moves a transcript over: a worker that is slow or stuck is left to the turn's
 deadline (deadlines.asr_*), since a healthy worker under load can be slow, and moving every

@@ -16,7 +16,7 @@ from models.fallback_asr import FallbackASREngine
 from models.remote import RemoteASREngine, RemoteOptions
 from models.scheduling import answer_within
 from tests.fakes_workers import GatedASR
-from tests.test_remote_waits import closed_port
+from tests.test_remote_waits import SlowLoadingASR, closed_port
 from tests.test_worker_server import WAIT_S, _app, serving
 
 
@@ -87,4 +87,16 @@ async def test_a_worker_that_answers_is_used_and_the_fallback_left_idle():
         engine = FallbackASREngine(RemoteASREngine([url], options=RemoteOptions(wait_for_worker=False)), local)
         assert (await engine.transcribe(b"\x00\x01" * 5)).text == "5 samples"
         assert local.prompts == [] and engine.fallbacks == 0
+        await engine.close()
+
+
+async def test_a_worker_still_loading_or_full_is_passed_over_for_the_fallback():
+    loading = SlowLoadingASR()  # answers 503, retryable, until it has loaded: as a full worker does
+    local = LocalWhisper()
+    async with serving(_app(loading, "asr", loaded=False)) as url:
+        engine = FallbackASREngine(RemoteASREngine([url], options=RemoteOptions(wait_for_worker=False)), local)
+        with answer_within(WAIT_S):
+            assert (await engine.transcribe(b"\x00\x01")).text == "local"
+        assert engine.fallbacks == 1
+        loading.loaded.set()
         await engine.close()

@@ -25,8 +25,8 @@ import numpy as np
 
 from latency_bench import twilio_caller
 from latency_bench.chaos_admission import ws_url
-from latency_bench.server_figures import process_figures, settle
 from latency_bench.conversation import PlannedTurn
+from latency_bench.server_figures import process_figures, settle
 from latency_bench.speech import available_voices, speak_as
 
 # No sentence ends: a full stop is a pause in espeak-ng, and a pause could end the turn.

@@ -21,9 +21,9 @@ import numpy as np
 
 from latency_bench import twilio_caller
 from latency_bench.chaos_admission import ws_url
-from latency_bench.server_figures import process_figures
 from latency_bench.conversation import PlannedTurn
 from latency_bench.listen import TurnRecord
+from latency_bench.server_figures import process_figures
 from latency_bench.speech import available_voices, speak_as
 from latency_bench.stats import percentile
 

@@ -26,6 +26,8 @@ on loopback that the bench starts itself; every scenario is bounded in count and
     endless       a caller who talks for 10 minutes without a pause: the turn cut (and each part
                   transcribed) every 30 s at most, memory +64 MB at most while they talk, and the
                   reply still comes (the prompt fits the model's context)
+    call-memory   4 live calls, each past its first reply: the server's memory per live call
+                  50 MB at most over a warmed, idle server (the report's memory per call)
     sdp           20,000 mutated WebRTC offers: every answer 4xx within 200 ms (or an answered call
                   that ends when hung up), 0 5xx, no peer connection or socket left behind
     poison        40 injection documents and 160 poisoned caller turns against two agents with
@@ -61,9 +63,9 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from agent.config import load_config
-from latency_bench import (chaos_access, chaos_admission, chaos_bad_audio, chaos_drain, chaos_endless, chaos_malformed,
-                           chaos_model_failures, chaos_network, chaos_poison, chaos_soak, chaos_sdp, chaos_oversize,
-                           chaos_slow_clients, chaos_vanishing, netns, servers)
+from latency_bench import (chaos_access, chaos_admission, chaos_bad_audio, chaos_call_memory, chaos_drain,
+                           chaos_endless, chaos_malformed, chaos_model_failures, chaos_network, chaos_oversize,
+                           chaos_poison, chaos_sdp, chaos_slow_clients, chaos_soak, chaos_vanishing, netns, servers)
 
 SLOW_CLIENTS, SILENT_SOCKETS, BURST_CAP, BURST_EXTRA, DRAIN_CALLS = 200, 200, 4, 50, 10
 HEADER_TIMEOUT_S, HANDSHAKE_TIMEOUT_S, DRAIN_GRACE_S, DRAIN_HOLD_S = 5.0, 5.0, 25.0, 3.0
@@ -215,6 +217,8 @@ async def _on_shared_server(base_url: str, name: str, log: Path) -> Verdict:
                                                              seed=0)))
     if name == "endless":
         return judge_endless(await chaos_endless.run(base_url, minutes=ENDLESS_MINUTES))
+    if name == "call-memory":
+        return Verdict(**chaos_call_memory.judge(await chaos_call_memory.run(base_url, calls=BURST_CAP)))
     if name == "malformed":
         return judge_malformed(await chaos_malformed.run(base_url, messages=MALFORMED_MESSAGES,
                                                          budget=BAD_MESSAGE_BUDGET, turns=MALFORMED_CLEAN_TURNS,
@@ -223,7 +227,7 @@ async def _on_shared_server(base_url: str, name: str, log: Path) -> Verdict:
 
 
 SCENARIOS = ("slow-clients", "handshake", "admission", "oversize", "vanishing", "malformed", "bad-audio", "endless",
-             "sdp", "poison", "access", "model-failures", "soak", "lossy", "blackhole", "drain")
+             "call-memory", "sdp", "poison", "access", "model-failures", "soak", "lossy", "blackhole", "drain")
 # Each starts a server of its own (INFO logs; a key; model workers; calls longer than the limit; a
 # caller network's address; a SIGTERM).
 OWN_SERVER = ("poison", "access", "model-failures", "soak", "lossy", "blackhole", "drain")

@@ -217,8 +217,6 @@ async def _on_shared_server(base_url: str, name: str, log: Path) -> Verdict:
                                                              seed=0)))
     if name == "endless":
         return judge_endless(await chaos_endless.run(base_url, minutes=ENDLESS_MINUTES))
-    if name == "call-memory":
-        return Verdict(**chaos_call_memory.judge(await chaos_call_memory.run(base_url, calls=BURST_CAP)))
     if name == "malformed":
         return judge_malformed(await chaos_malformed.run(base_url, messages=MALFORMED_MESSAGES,
                                                          budget=BAD_MESSAGE_BUDGET, turns=MALFORMED_CLEAN_TURNS,
@@ -229,8 +227,10 @@ async def _on_shared_server(base_url: str, name: str, log: Path) -> Verdict:
 SCENARIOS = ("slow-clients", "handshake", "admission", "oversize", "vanishing", "malformed", "bad-audio", "endless",
              "call-memory", "sdp", "poison", "access", "model-failures", "soak", "lossy", "blackhole", "drain")
 # Each starts a server of its own (INFO logs; a key; model workers; calls longer than the limit; a
-# caller network's address; a SIGTERM).
-OWN_SERVER = ("poison", "access", "model-failures", "soak", "lossy", "blackhole", "drain")
+# caller network's address; a SIGTERM; callers holding the line past the shared server's short
+# idle timeout).
+OWN_SERVER = ("poison", "access", "model-failures", "soak", "lossy", "blackhole", "drain", "call-memory")
+CALL_MEMORY_CALLS = 4
 
 
 def run(names: list[str], out: Path, *, config: Path = servers.DEFAULT_CONFIG, soak_minutes: float = 60.0,
@@ -258,6 +258,10 @@ def run(names: list[str], out: Path, *, config: Path = servers.DEFAULT_CONFIG, s
         with chaos_model_failures.server(out / "model-failures", config=config) as (base_url, read_log):
             verdicts.append(Verdict(**chaos_model_failures.judge(asyncio.run(chaos_model_failures.run(
                 base_url, read_log=read_log, deadlines=chaos_model_failures.deadlines_of(load_config(config)))))))
+    if "call-memory" in names:
+        with servers.cadence(out / "call-memory", max_calls=CALL_MEMORY_CALLS, config=config) as base_url:
+            verdicts.append(Verdict(**chaos_call_memory.judge(asyncio.run(
+                chaos_call_memory.run(base_url, calls=CALL_MEMORY_CALLS)))))
     if "soak" in names:
         # One call each for the whole soak: the call limit must not end it.
         settings = [f"limits.max_call_seconds={soak_minutes * 60 + 600}"]

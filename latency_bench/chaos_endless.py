@@ -17,7 +17,6 @@ resident memory sampled every SAMPLE_EVERY_S through the call.
 from __future__ import annotations
 
 import asyncio
-import re
 import time
 
 import httpx
@@ -26,7 +25,7 @@ import numpy as np
 from latency_bench import twilio_caller
 from latency_bench.chaos_admission import ws_url
 from latency_bench.conversation import PlannedTurn
-from latency_bench.server_figures import process_figures, settle
+from latency_bench.server_figures import metric_samples, process_figures, settle
 from latency_bench.speech import available_voices, speak_as
 
 # No sentence ends: a full stop is a pause in espeak-ng, and a pause could end the turn.
@@ -41,8 +40,6 @@ MONOLOGUE = (
 )
 WORD_GAP_S = 0.06  # between the looped passes: a breath, far shorter than any turn-ending pause
 SAMPLE_EVERY_S = 10.0
-_CUTS = re.compile(r"^cadence_long_turn_cut_seconds_count(?:\{[^}]*\})? ([0-9.e+]+)$", re.MULTILINE)
-_CUT_MAX_BUCKET = re.compile(r'^cadence_long_turn_cut_seconds_bucket\{le="30.0"\} ([0-9.e+]+)$', re.MULTILINE)
 
 
 def monologue(seconds: float) -> tuple[np.ndarray, int, int]:
@@ -56,9 +53,10 @@ def monologue(seconds: float) -> tuple[np.ndarray, int, int]:
 
 
 async def _cut_figures(http: httpx.AsyncClient) -> tuple[float, float]:
-    text = (await http.get("/metrics")).text
-    count = sum(float(v) for v in _CUTS.findall(text))
-    within = sum(float(v) for v in _CUT_MAX_BUCKET.findall(text))
+    samples = metric_samples((await http.get("/metrics")).text).items()
+    count = sum(v for (name, _), v in samples if name == "cadence_long_turn_cut_seconds_count")
+    within = sum(v for (name, labels), v in samples
+                 if name == "cadence_long_turn_cut_seconds_bucket" and dict(labels).get("le") == "30.0")
     return count, within
 
 

@@ -178,7 +178,8 @@ def cmd_chaos(args) -> dict:
     from latency_bench import chaos
 
     verdicts = chaos.run(args.scenarios, args.out, config=args.config or servers.DEFAULT_CONFIG,
-                         soak_minutes=args.minutes, lossy_minutes=args.lossy_minutes)
+                         soak_minutes=args.minutes, soak_callers=args.soak_callers,
+                         lossy_minutes=args.lossy_minutes)
     results = {"scenarios": [{"scenario": v.scenario, "pass_figure": v.pass_figure, "measured": v.measured,
                               "passed": v.passed, "figures": v.figures} for v in verdicts]}
     args.out.mkdir(parents=True, exist_ok=True)
@@ -258,6 +259,8 @@ def main(argv: list[str] | None = None) -> int:
                                                 "(default: configs/default.yaml)")
     ch_p.add_argument("--minutes", type=float, default=60.0, help="how long the soak runs (default 60; "
                                                                    "its first sixth is warm-up)")
+    ch_p.add_argument("--soak-callers", type=int, default=2,
+                      help="callers in the soak (default 2, the issue's; 1 is what 2 cores hold at the target)")
     ch_p.add_argument("--lossy-minutes", type=float, default=5.0, help="how long each lossy call is held (default 5)")
     q_p = sub.add_parser("quality", help="grounded answers, refusals and reply length of a running server")
     q_p.add_argument("--url", required=True, help="server base URL, e.g. http://127.0.0.1:8000")

@@ -40,8 +40,8 @@ on loopback that the bench starts itself; every scenario is bounded in count and
                   (or the CPU voice) within 2 s of the failure being known, the next turn is
                   answered, the worker is back within 30 s, another caller's TTFS p95 rises
                   20 % at most
-    soak          2 callers talking for --minutes (60) in one call each, one caller's clock 0.1 %
-                  fast: memory +1 MB per 10 min at most after warm-up (the first sixth), reply
+    soak          2 callers (--soak-callers) talking for --minutes (60) in one call each, the last
+                  caller's clock 0.1 % fast: memory +1 MB per 10 min at most after warm-up (the first sixth), reply
                   lag (TTFS p50, first fifth of turns against the last) drifting 50 ms at most,
                   no underruns, every turn answered
     lossy         a WebRTC caller in a network namespace of its own, at 1 %, 5 % and 10 % packet loss
@@ -234,7 +234,7 @@ CALL_MEMORY_CALLS = 4
 
 
 def run(names: list[str], out: Path, *, config: Path = servers.DEFAULT_CONFIG, soak_minutes: float = 60.0,
-        lossy_minutes: float = 5.0) -> list[Verdict]:
+        soak_callers: int = 2, lossy_minutes: float = 5.0) -> list[Verdict]:
     unknown = [n for n in names if n not in SCENARIOS]
     if unknown:
         raise ValueError(f"unknown chaos scenarios {unknown}; choose from {', '.join(SCENARIOS)}")
@@ -265,9 +265,9 @@ def run(names: list[str], out: Path, *, config: Path = servers.DEFAULT_CONFIG, s
     if "soak" in names:
         # One call each for the whole soak: the call limit must not end it.
         settings = [f"limits.max_call_seconds={soak_minutes * 60 + 600}"]
-        with servers.cadence(out / "soak", max_calls=2, config=config, settings=settings) as base_url:
+        with servers.cadence(out / "soak", max_calls=soak_callers, config=config, settings=settings) as base_url:
             verdicts.append(Verdict(**chaos_soak.judge(asyncio.run(chaos_soak.run(
-                base_url, minutes=soak_minutes, warmup_minutes=soak_minutes / 6)))))
+                base_url, minutes=soak_minutes, warmup_minutes=soak_minutes / 6, callers=soak_callers)))))
     if "lossy" in names or "blackhole" in names:
         # The server listens on the caller network's host end, without keys: that link is this
         # machine's own, made for the run, and only the bench's caller is on the other end.

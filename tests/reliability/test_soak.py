@@ -47,3 +47,21 @@ def test_growth_is_the_slope_of_all_samples_not_two_end_points():
     assert abs(chaos_soak.growth_mb_per_10_min(flat_with_noise)) < 3.0
     assert chaos_soak.growth_mb_per_10_min([(0, 100.0), (300, 101.0), (600, 102.0)]) == pytest.approx(2.0)
     assert chaos_soak.growth_mb_per_10_min([(0, 1.0), (1, 2.0)]) is None
+
+
+def test_the_last_caller_has_the_fast_clock_whatever_the_count():
+    assert chaos_soak.clock_rates(2, 0.001) == [1.0, 1.001]
+    assert chaos_soak.clock_rates(1, 0.001) == [1.001]  # a soak at one caller still tests the skew
+    with pytest.raises(ValueError, match="at least one caller"):
+        chaos_soak.clock_rates(0, 0.001)
+
+
+def test_the_verdict_names_the_caller_count_and_fails_on_drift():
+    caller = {"clock_rate": 1.001, "turns": 40, "answered": 40, "underruns": 0, "call_error": None,
+              "first_p50_ms": 1000.0, "last_p50_ms": 1020.0, "drift_ms": 20.0}
+    figures = {"minutes": 60, "warmup_minutes": 10, "rss_samples": [(600, 900.0)] * 3,
+               "rss_growth_mb_per_10_min": 0.5, "callers": [caller]}
+    verdict = chaos_soak.judge(figures)
+    assert verdict["passed"] and verdict["pass_figure"].startswith("1 caller talking for 60 min, one clock 0.1 % fast")
+    drifted = dict(figures, callers=[dict(caller, last_p50_ms=1080.0, drift_ms=80.0)])
+    assert not chaos_soak.judge(drifted)["passed"]

@@ -163,7 +163,8 @@ def judge_malformed(f: dict) -> Verdict:
                    f"{sum(answers.values())} faults: {answers.get('error_event', 0)} error events, "
                    f"{answers.get('closed', 0)} closes {codes}, {answers.get('dropped', 0)} dropped within the "
                    f"budget, {answers.get('accepted', 0)} read as valid (lenient types); {wrong} unanswered or "
-                   f"wrong; slowest answer {slowest} ms; {len(f['errors_logged'])} errors logged; clean call TTFS "
+                   f"wrong; slowest answer {slowest} ms (server loop stalls over 100 ms meanwhile: "
+                   f"{f.get('server_loop_stalls_over_100ms', '?')}); {len(f['errors_logged'])} errors logged; clean call TTFS "
                    f"p95 {base or 0:.0f} -> {along or 0:.0f} ms"
                    + (f" ({ttfs_change:+.0f} %)" if ttfs_change is not None else ""), passed, f)
 

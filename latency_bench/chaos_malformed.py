@@ -24,12 +24,14 @@ import time
 from dataclasses import asdict, dataclass
 from pathlib import Path
 
+import httpx
 import websockets
 
 from latency_bench import twilio_caller
 from latency_bench.chaos_admission import REFUSED_RETRIES, REFUSED_RETRY_S, connect_admitted, start_event, ws_url
 from latency_bench.conversation import plan_caller
 from latency_bench.malformed_messages import Fault, faults
+from latency_bench.server_figures import loop_probes_later_than
 from latency_bench.stats import percentile
 
 CLOSE_PROTOCOL_ERROR, CLOSE_NOT_UTF8, CLOSE_POLICY, CLOSE_TRY_LATER = 1002, 1007, 1008, 1013
@@ -42,6 +44,7 @@ ANSWER_WAIT_S = 5.0
 # more message faults per path (1,000 / 2 / 4 = 125) than limits.max_bad_messages (50), so the
 # close at the budget is reached in every one.
 FUZZ_BURSTS = 4
+LOOP_STALL_S = 0.1  # a server event-loop stall this long would make an answer late by itself
 
 
 @dataclass(frozen=True)
@@ -290,13 +293,13 @@ async def run(base_url: str, *, messages: int, budget: int, turns: int, seed: in
     alone first, for its TTFS without the fuzzing. The faults go in FUZZ_BURSTS bursts spread over
     as long as that first call took, so the fuzzing runs alongside the whole call, not only its
     first turn (all of it at once takes ~7 s)."""
-    import httpx  # noqa: PLC0415 - only the health check needs it
-
     await _clean_call(base_url, 2, seed + 1)  # warm-up: a fresh server's first turns are slow
     call_started = time.monotonic()
     baseline = await _clean_call(base_url, turns, seed)
     call_s = time.monotonic() - call_started
     log_from = log.stat().st_size if log is not None and log.exists() else 0
+    async with httpx.AsyncClient(base_url=base_url, timeout=10) as http:
+        stalls_before = await loop_probes_later_than(http, LOOP_STALL_S)
     started = time.monotonic()
     clean = asyncio.create_task(_clean_call(base_url, turns, seed))
     realtime_faults = faults("realtime", messages // 2, seed=seed)
@@ -312,9 +315,12 @@ async def run(base_url: str, *, messages: int, budget: int, turns: int, seed: in
     alongside = await clean
     async with httpx.AsyncClient(base_url=base_url, timeout=10) as http:
         healthy = (await http.get("/healthz")).status_code == 200
+        loop_stalls = await loop_probes_later_than(http, LOOP_STALL_S) - stalls_before
     return {"messages": messages, "bursts": FUZZ_BURSTS, "budget": budget, "fuzz_seconds": round(fuzz_s, 1),
             "clean_call_seconds": round(call_s, 1),
             "realtime": summarize(realtime), "twilio": summarize(twilio), "server_healthy_after": healthy,
             "errors_logged": errors_logged(log, log_from),
+            # An answer slower than 100 ms with no stall here was held up outside the server's loop.
+            "server_loop_stalls_over_100ms": int(loop_stalls),
             "clean_call": {"turns": turns, "baseline_ttfs_ms": baseline, "alongside_ttfs_ms": alongside,
                            "baseline_p95": percentile(baseline, 95), "alongside_p95": percentile(alongside, 95)}}

@@ -45,6 +45,19 @@ async def metric_value(http: httpx.AsyncClient, name: str, default: float = 0.0,
     return samples.get((name, frozenset(labels.items())), default)
 
 
+LOOP_LAG_PROBES = "cadence_event_loop_lag_probe_seconds"
+
+
+async def loop_probes_later_than(http: httpx.AsyncClient, seconds: float) -> float:
+    """How many of the server's event-loop lag probes so far fired more than `seconds` late
+    (`seconds` must be one of the histogram's bucket bounds: 0.005 ... 5)."""
+    samples = metric_samples((await http.get("/metrics")).text)
+    within = samples.get((f"{LOOP_LAG_PROBES}_bucket", frozenset({("le", str(seconds))})))
+    if within is None:
+        raise ValueError(f"{seconds} s is not a bucket bound of {LOOP_LAG_PROBES}")
+    return samples[(f"{LOOP_LAG_PROBES}_count", frozenset())] - within
+
+
 async def process_figures(http: httpx.AsyncClient) -> dict[str, float]:
     """The server process's resident memory (MB), open files and OS threads."""
     samples = metric_samples((await http.get("/metrics")).text)

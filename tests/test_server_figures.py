@@ -5,7 +5,10 @@ from __future__ import annotations
 import httpx
 from prometheus_client import CollectorRegistry, Counter, Gauge, generate_latest
 
-from latency_bench.server_figures import metric_samples, metric_value, poll_until
+import pytest
+
+from agent.metrics import CadenceMetrics
+from latency_bench.server_figures import loop_probes_later_than, metric_samples, metric_value, poll_until
 
 
 def exposition() -> str:
@@ -31,6 +34,19 @@ async def test_a_metric_is_read_from_the_servers_metrics_route():
         assert await metric_value(http, "cadence_caller_audio_seconds_total", transport="webrtc") == 12.5
         assert await metric_value(http, "cadence_caller_audio_seconds_total", transport="phone") == 0.0
         assert await metric_value(http, "not_there", default=-1.0) == -1.0
+
+
+async def test_loop_stalls_are_counted_from_the_servers_own_lag_histogram():
+    metrics = CadenceMetrics()
+    for lag in (0.001, 0.004, 0.06, 0.2, 1.5):
+        metrics.event_loop_lag_probes.observe(lag)
+    text = generate_latest(metrics.registry).decode()
+    transport = httpx.MockTransport(lambda request: httpx.Response(200, text=text))
+    async with httpx.AsyncClient(transport=transport, base_url="http://server") as http:
+        assert await loop_probes_later_than(http, 0.1) == 2
+        assert await loop_probes_later_than(http, 0.05) == 3
+        with pytest.raises(ValueError, match="not a bucket bound"):
+            await loop_probes_later_than(http, 0.07)
 
 
 async def test_poll_until_takes_plain_and_coroutine_conditions():

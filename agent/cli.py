@@ -115,6 +115,8 @@ def main(argv: list[str] | None = None) -> int:
         if refusal:
             raise ConfigError(refusal.replace("insecure=True", "--insecure"))
         logging.basicConfig(level=args.log_level.upper(), format="%(asctime)s %(levelname)s %(name)s: %(message)s")
+        if args.log_level.upper() != "DEBUG":  # at INFO, a line per llama-server health probe (every 2 s)
+            logging.getLogger("httpx").setLevel(logging.WARNING)
         _quiet_loguru(args.log_level)
         app = create_app(config)  # reads the agent files: a bad one stops startup here
     except ConfigError as exc:

@@ -171,7 +171,11 @@ class ModelDeadlines:
     asr_seconds: float = 3.0
     asr_per_audio_second: float = 0.5
     # A reply's first token (queueing and prompt evaluation included), then between tokens.
+    # The first token's deadline grows by llm_first_token_per_1k_prompt_chars for every 1,000
+    # characters of the prompt (system prompt, passages, dialogue): a long agent prompt is
+    # evaluated before the first token, and a model evaluating a prompt is not stuck.
     llm_first_token_seconds: float = 6.0
+    llm_first_token_per_1k_prompt_chars: float = 1.5
     llm_token_gap_seconds: float = 3.0
     # A sentence's first audio (a fallback voice's included), then between its chunks.
     tts_first_audio_seconds: float = 5.0
@@ -179,7 +183,8 @@ class ModelDeadlines:
 
     @property
     def llm(self) -> StallLimits:
-        return StallLimits(self.llm_first_token_seconds, self.llm_token_gap_seconds)
+        return StallLimits(self.llm_first_token_seconds, self.llm_token_gap_seconds,
+                           first_per_kchar_s=self.llm_first_token_per_1k_prompt_chars)
 
     @property
     def tts(self) -> StallLimits:
@@ -187,6 +192,10 @@ class ModelDeadlines:
 
     def asr_seconds_for(self, audio_seconds: float) -> float:
         return self.asr_seconds + self.asr_per_audio_second * audio_seconds
+
+
+# The allowances a deadline grows by with the request's size: 0 turns that growth off.
+_PER_UNIT_DEADLINES = ("asr_per_audio_second", "llm_first_token_per_1k_prompt_chars")
 
 
 @dataclass(frozen=True)
@@ -314,8 +323,10 @@ def _validate(config: CadenceConfig) -> None:
         (0 < config.retrieval.timeout_ms <= 5000, "retrieval.timeout_ms must be in (0, 5000]"),
         (config.agents.max_prompt_chars >= 100, "agents.max_prompt_chars must be >= 100"),
         (all(seconds > 0 for name, seconds in dataclasses.asdict(config.deadlines).items()
-             if name != "asr_per_audio_second") and config.deadlines.asr_per_audio_second >= 0,
-         "deadlines must be > 0 (deadlines.asr_per_audio_second may be 0)"),
+             if name not in _PER_UNIT_DEADLINES)
+         and all(getattr(config.deadlines, name) >= 0 for name in _PER_UNIT_DEADLINES),
+         "deadlines must be > 0 (deadlines.asr_per_audio_second and llm_first_token_per_1k_prompt_chars "
+         "may be 0)"),
         (0 < config.tts.fallback_after_seconds < config.deadlines.tts_first_audio_seconds,
          "tts.fallback_after_seconds must be > 0 and below deadlines.tts_first_audio_seconds"),
         (0 < config.tts.orpheus.fallback_after_seconds < config.deadlines.tts_first_audio_seconds,

@@ -59,6 +59,9 @@ RECOVERY_PAUSE_S = 20.0
 BASELINE_TURNS = 6  # the faulted caller's turns before the first fault: the clean caller's baseline
 ANSWER_WITHIN_S = 2.0  # the pass figure: heard this long after the failure is known
 BACK_WITHIN_S = 30.0
+# A logged stall belongs to a turn when it came within this of the turn's start plus its deadline:
+# the gap between the bench's fault or end of speech and the server's request, and the log write.
+STALL_LOG_SLACK_S = 1.0
 _STARTED = re.compile(r"worker (\S+) started \(pid (\d+)\) on \S+ at (\S+)")
 
 
@@ -79,7 +82,8 @@ def workers_in(log_text: str) -> dict[str, Worker]:
 
 def deadlines_of(config: CadenceConfig) -> dict[str, Callable[[float], float]]:
     """Per model, seconds of speech -> how long the server waits on it before it gives up:
-    the transcript's deadline, the reply's first token, the worker voice's fallback."""
+    the transcript's deadline, the reply's first token (its base: the prompt adds to it, and
+    the bench takes that from the server's log), the worker voice's fallback."""
     return {"asr": config.deadlines.asr_seconds_for,
             "llm": lambda seconds: config.deadlines.llm_first_token_seconds,
             "tts": lambda seconds: config.tts.fallback_after_seconds}
@@ -179,13 +183,33 @@ class FaultInjector:
         return None
 
 
-def _known_at(case: dict, turn: TurnRecord, deadlines: dict[str, float]) -> float:
+# The server's line when it gives up on a reply's first token; the deadline in it grows with the
+# prompt (deadlines.llm_first_token_per_1k_prompt_chars), which only the server knows.
+_LLM_STALL = re.compile(r"^(\d{4}-\d\d-\d\d \d\d:\d\d:\d\d[.,]\d{3}) .*LLM reply: no first answer within ([0-9.]+) s",
+                        re.MULTILINE)
+
+
+def llm_stalls_logged(log_text: str) -> list[tuple[float, float]]:
+    """(when, after how many seconds) of every reply the server gave up waiting for, as Unix times."""
+    return [(datetime.strptime(stamp.replace(",", "."), "%Y-%m-%d %H:%M:%S.%f").timestamp(), float(seconds))
+            for stamp, seconds in _LLM_STALL.findall(log_text)]
+
+
+def _known_at(case: dict, turn: TurnRecord, deadlines: dict[str, Callable[[float], float]],
+              llm_stalls: list[tuple[float, float]] = ()) -> float:
     """When the server could know the turn had failed: a killed worker's request fails at once
     (or the next one is refused); a stopped one's at the deadline, counted from the fault or
-    from the end of speech, whichever is later (the request starts no earlier)."""
-    if case["kind"] == "killed":
-        return max(case["fault_at"], turn.speech_end_at or case["fault_at"])
+    from the end of speech, whichever is later (the request starts no earlier). A stopped LLM's
+    is when the server logged giving up on this turn (the logged stall whose time best fits the
+    turn's start plus the deadline it names); the configured base deadline where none fits."""
     start = max(case["fault_at"], turn.speech_end_at or case["fault_at"])
+    if case["kind"] == "killed":
+        return start
+    if case["role"] == "llm":
+        fitting = [(abs(at - (start + seconds)), at) for at, seconds in llm_stalls]
+        fitting = [pair for pair in fitting if pair[0] <= STALL_LOG_SLACK_S]
+        if fitting:
+            return min(fitting)[1]  # when the server gave up: the failure known
     return start + deadlines[case["role"]](turn.utterance_seconds)
 
 
@@ -224,6 +248,7 @@ async def run(base_url: str, *, read_log: Callable[[], str], faults: tuple[tuple
         await asyncio.wait_for(inject, 120)
         stored = (await injector._call()).get("turns", [])
         metrics = (await http.get("/metrics")).text
+    llm_stalls = llm_stalls_logged(read_log())
     first_fault = min((c["fault_at"] for c in injector.cases), default=time.time())
     baseline = [t for t in clean_turns if t.speech_end_at and t.speech_end_at < first_fault]
     during = [t for t in clean_turns if t.speech_end_at and t.speech_end_at >= first_fault]
@@ -234,7 +259,7 @@ async def run(base_url: str, *, read_log: Callable[[], str], faults: tuple[tuple
         nxt = result.turns[turn.index + 1] if turn.index + 1 < len(result.turns) else None
         reply = _stored_reply(stored, turn)
         heard_at = turn.first_audible_at
-        known = _known_at(case, turn, deadlines)
+        known = _known_at(case, turn, deadlines, llm_stalls)
         cases.append({
             "fault": f"{case['role']} {case['kind']}", "answered": heard_at is not None,
             "answer_after_known_ms": round((heard_at - known) * 1000) if heard_at else None,

@@ -12,7 +12,7 @@ from __future__ import annotations
 
 import asyncio
 from collections.abc import AsyncIterator
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from typing import TypeVar
 
 from models.errors import StalledError
@@ -24,10 +24,19 @@ T = TypeVar("T")
 class StallLimits:
     first_s: float  # from the request to its first item: queueing and prefill included
     next_s: float | None = None  # between one item and the next; None: no limit once it started
+    # Added to first_s per 1,000 characters of the request (`for_request`): a long prompt's
+    # prefill is work a healthy model does before its first token, and on a CPU it is
+    # seconds (an agent's 8,000-character prompt, cold, is ~10 s on 2 cores).
+    first_per_kchar_s: float = 0.0
 
     def __post_init__(self) -> None:
-        if self.first_s <= 0 or (self.next_s is not None and self.next_s <= 0):
-            raise ValueError("stall limits must be > 0")
+        if self.first_s <= 0 or (self.next_s is not None and self.next_s <= 0) or self.first_per_kchar_s < 0:
+            raise ValueError("stall limits must be > 0 (the per-character allowance >= 0)")
+
+    def for_request(self, chars: int) -> StallLimits:
+        """The limits for one request of `chars` characters: its allowance added to first_s."""
+        return replace(self, first_s=self.first_s + self.first_per_kchar_s * max(0, chars) / 1000,
+                       first_per_kchar_s=0.0)
 
 
 async def without_stalls(stream: AsyncIterator[T], limits: StallLimits | None, *, what: str) -> AsyncIterator[T]:

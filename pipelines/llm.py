@@ -135,6 +135,8 @@ class EngineLLMService(LLMService):
         except Exception as exc:  # whatever failed, the caller hears it; the call goes on
             if not isinstance(exc, CadenceError):
                 log.exception("LLM reply failed")
+            else:  # a known failure (a stall, a worker gone): one line saying which, no traceback
+                log.warning("LLM reply lost, the caller hears an apology: %s", exc)
             self._on_failed(failure_kind(exc))
             await self.push_error(error_msg=f"LLM unavailable: {exc}", exception=exc)
             await self._push_llm_text(CUT_SHORT_REPLY if self._spoke else FALLBACK_REPLY)

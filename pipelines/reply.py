@@ -18,18 +18,31 @@ from pipelines.reply_shaping import MarkupStop, PromptLeakGuard, SentenceBudget
 FENCE_MARKERS = (REFERENCE_OPEN, REFERENCE_CLOSE)
 
 
+def prompt_chars(messages: Sequence[ChatMessage]) -> int:
+    """Characters the engine reads: every message's text (a list of parts counts as its text)."""
+    def text(content) -> str:
+        if isinstance(content, list):
+            return "".join(part.get("text", "") for part in content if isinstance(part, dict))
+        return content if isinstance(content, str) else ""
+    return sum(len(text(m.get("content"))) for m in messages)
+
+
 async def shaped_reply(engine: LLMEngine, messages: Sequence[ChatMessage], *, passages: Sequence[Passage] = (),
                        sampling: Sampling | None, max_tokens: int, max_sentences: int, system_prompt: str,
                        on_redacted: Callable[[int], None] = lambda count: None,
                        stall_limits: StallLimits | None = None) -> AsyncIterator[str]:
     """Streams the reply's text. Closing it early (barge-in) stops generation on the engine.
-    An engine that goes quiet past `stall_limits` ends it with StalledError."""
+    An engine that goes quiet past `stall_limits` (its first token's limit grown by the prompt's
+    length: StallLimits.for_request) ends it with StalledError."""
     # With no cap and nothing to guard, pieces pass exactly as the engine streams them.
     budget = SentenceBudget(max_sentences) if max_sentences > 0 else None
     guard = PromptLeakGuard(system_prompt) if system_prompt.strip() else None
     markup = MarkupStop(FENCE_MARKERS) if passages else None
-    pieces = without_stalls(engine.stream_chat(with_references(messages, passages), max_tokens=max_tokens,
-                                               sampling=sampling), stall_limits, what="LLM reply")
+    request = with_references(messages, passages)
+    if stall_limits is not None:  # the allowance is for what the engine must read: the whole prompt
+        stall_limits = stall_limits.for_request(prompt_chars(request))
+    pieces = without_stalls(engine.stream_chat(request, max_tokens=max_tokens, sampling=sampling),
+                            stall_limits, what="LLM reply")
     fenced = False
     try:
         async for piece in pieces:

@@ -1,7 +1,13 @@
 """Bench summaries, the capacity search, caller plans and plots, on made-up turns."""
 
-import pytest
+from pathlib import Path
 
+import pytest
+import yaml
+
+from agent.agent_registry import limits_of
+from agent.agents import parse_spec
+from agent.config import load_config
 from latency_bench import report
 from latency_bench.bench import ramp_levels
 from latency_bench.capacity import SLO, find_capacity, verdict
@@ -200,3 +206,12 @@ def test_the_relay_agent_is_a_valid_speech_to_speech_agent():
     spec = parse_spec(transports.relay_agent("ws://127.0.0.1:8000", "default"),
                       AgentLimits(max_prompt_chars=1000, max_greeting_chars=100))
     assert spec.pipeline == "openai-realtime" and spec.speech_to_speech.base_url == "ws://127.0.0.1:8000/v1/realtime"
+
+
+@pytest.mark.parametrize("name", ["no-knowledge", "long-prompt"])
+def test_the_benchs_agent_files_are_valid_agents_under_the_default_limits(name):
+    config = load_config(Path("configs/default.yaml"))
+    spec = parse_spec(yaml.safe_load(Path(f"latency_bench/agents/{name}.yaml").read_text()), limits_of(config))
+    assert spec.name == name
+    if name == "long-prompt":  # what it is for: a prompt near the limit, read cold on a call's first turn
+        assert 0.9 * config.agents.max_prompt_chars <= len(spec.system_prompt) <= config.agents.max_prompt_chars

@@ -35,6 +35,7 @@ from models.fallback_voice import FallbackTTSEngine
 from models.orpheus.build import without_emotion_tags
 from models.stalls import StallLimits, without_stalls
 from pipelines.llm import CUT_SHORT_REPLY, FALLBACK_REPLY, EngineLLMService
+from pipelines.reply import prompt_chars, shaped_reply
 from models.scheduling import ANSWER_DEADLINE
 from pipelines.stt import NOT_HEARD_REPLY, EngineSTTService
 from pipelines.tts import EngineTTSService
@@ -97,6 +98,16 @@ async def test_no_limits_pass_every_item_and_only_a_first_limit_leaves_the_gaps_
     assert StallLimits(1.0).next_s is None
 
 
+def test_the_first_items_limit_grows_with_the_request_and_only_once():
+    limits = StallLimits(6.0, 3.0, first_per_kchar_s=1.5)
+    sized = limits.for_request(8000)
+    assert sized == StallLimits(18.0, 3.0)  # the gap limit is the model's pace, not the prompt's
+    assert sized.for_request(8000) == sized  # the allowance is not counted twice
+    assert StallLimits(6.0).for_request(8000).first_s == 6.0  # no allowance: the plain deadline
+    with pytest.raises(ValueError):
+        StallLimits(1.0, first_per_kchar_s=-0.5)
+
+
 # The LLM: whatever fails, the caller hears why.
 
 class HangingLLM(LLMEngine):
@@ -133,13 +144,54 @@ async def _reply(engine: LLMEngine, **kwargs) -> tuple[str, list]:
     return "".join(f.text for f in down if isinstance(f, LLMTextFrame)), up
 
 
-async def test_an_llm_that_never_answers_is_given_up_at_its_deadline_and_the_caller_hears_the_apology():
+async def test_an_llm_that_never_answers_is_given_up_at_its_deadline_and_the_caller_hears_the_apology(caplog):
     engine = HangingLLM()
     started = time.monotonic()
-    spoken, up = await _reply(engine, stall_limits=StallLimits(DEADLINE_S, DEADLINE_S))
+    with caplog.at_level(logging.WARNING, logger="pipelines.llm"):
+        spoken, up = await _reply(engine, stall_limits=StallLimits(DEADLINE_S, DEADLINE_S))
     assert spoken == FALLBACK_REPLY and engine.closed == 1  # the request was cancelled, not left running
     assert time.monotonic() - started < DEADLINE_S + 2.0
     assert any(isinstance(f, ErrorFrame) and "no first answer" in f.error for f in up)
+    # The operator's line names the deadline it gave up at (the bench reads it), with no traceback.
+    lost = [r for r in caplog.records if "LLM reply lost" in r.message]
+    assert len(lost) == 1 and "no first answer within 0.2 s" in lost[0].getMessage() and not lost[0].exc_info
+
+
+class PrefillingLLM(LLMEngine):
+    """A healthy model on a CPU: its first token comes after the whole prompt is read,
+    `seconds_per_kchar` per 1,000 characters."""
+
+    def __init__(self, seconds_per_kchar: float) -> None:
+        self.seconds_per_kchar = seconds_per_kchar
+
+    def load(self) -> None:
+        pass
+
+    async def stream_chat(self, messages: Sequence[ChatMessage], *, max_tokens: int,
+                          sampling: Sampling | None = None) -> AsyncIterator[str]:
+        await asyncio.sleep(self.seconds_per_kchar * sum(len(m["content"]) for m in messages) / 1000)
+        yield "We open at nine."
+
+
+async def test_a_long_prompt_being_read_is_not_taken_for_a_stalled_model():
+    engine = PrefillingLLM(seconds_per_kchar=DEADLINE_S)  # 4,000 characters: 0.8 s before the first token
+
+    async def reply(limits: StallLimits) -> str:
+        pieces = shaped_reply(engine, [{"role": "system", "content": "x" * 3990}, {"role": "user", "content": "hours?"}],
+                              sampling=None, max_tokens=20, max_sentences=1, system_prompt="", stall_limits=limits)
+        return "".join([p async for p in pieces])
+
+    with pytest.raises(StalledError, match="no first answer within 0.2 s"):
+        await reply(StallLimits(DEADLINE_S, DEADLINE_S))  # a deadline blind to the prompt gives up on it
+    assert await reply(StallLimits(DEADLINE_S, DEADLINE_S, first_per_kchar_s=2 * DEADLINE_S)) == "We open at nine."
+    with pytest.raises(StalledError, match=r"no first answer within 0.6 s"):  # an allowance too small still stalls
+        await reply(StallLimits(DEADLINE_S, DEADLINE_S, first_per_kchar_s=DEADLINE_S / 2))
+
+
+def test_the_configured_llm_deadline_carries_its_allowance_per_prompt_character():
+    deadlines = ModelDeadlines(llm_first_token_seconds=6.0, llm_first_token_per_1k_prompt_chars=1.5)
+    assert deadlines.llm.for_request(2000).first_s == 9.0
+    assert ModelDeadlines(llm_first_token_per_1k_prompt_chars=0).llm.for_request(8000).first_s == 6.0
 
 
 async def test_an_llm_that_stops_mid_reply_ends_it_with_a_short_apology():
@@ -324,3 +376,9 @@ async def test_a_call_hears_an_apology_for_a_lost_transcript_and_a_stuck_reply_t
     assert call["turns"][0]["user_text"] == "" and call["turns"][1]["user_text"] == "When do you open?"
     assert 'cadence_model_failures_total{kind="error",model="asr"} 1.0' in metrics
     assert 'cadence_model_failures_total{kind="stalled",model="llm"} 1.0' in metrics
+
+
+def test_the_prompt_is_measured_in_the_characters_the_engine_reads():
+    assert prompt_chars([{"role": "system", "content": "abc"}, {"role": "user", "content": "de"}]) == 5
+    parts = [{"type": "text", "text": "hello"}, {"type": "image_url", "image_url": {"url": "x" * 100}}]
+    assert prompt_chars([{"role": "user", "content": parts}, {"role": "assistant", "content": None}]) == 5

@@ -2,7 +2,12 @@
 
 from __future__ import annotations
 
-from latency_bench.chaos_model_failures import judge
+from datetime import datetime
+
+import pytest
+
+from latency_bench.chaos_model_failures import _known_at, judge, llm_stalls_logged
+from latency_bench.listen import TurnRecord
 
 
 def figures(*cases: dict, baseline_p95_ms: float = 3000.0) -> dict:
@@ -27,3 +32,34 @@ def test_a_real_reply_passes_when_the_caller_could_not_tell_the_fault_from_a_hea
 def test_an_unheard_turn_fails_whatever_else_holds():
     assert not judge(figures({"answer_after_known_ms": None, "answered": False, "apology": False,
                               "ttfs_ms": None}))["passed"]
+
+
+LOG = """\
+2026-12-05 10:41:18.500 | INFO     | agent.calls:... call started
+2026-12-05 10:41:24.840 | ERROR    | pipecat.processors.frame_processor:push_error_frame:1023 - EngineLLMService#1 \
+exception (/work/main/models/stalls.py:51): LLM unavailable: LLM reply: no first answer within 9.3 s
+2026-12-05 10:41:26,100 ERROR pipelines.llm: LLM reply: no first answer within 6.0 s
+"""
+
+
+def _at(stamp: str) -> float:
+    return datetime.strptime(stamp, "%Y-%m-%d %H:%M:%S.%f").timestamp()
+
+
+def test_the_llm_deadline_the_server_logged_is_read_with_its_time():
+    assert llm_stalls_logged(LOG) == [(_at("2026-12-05 10:41:24.840"), 9.3), (_at("2026-12-05 10:41:26.100"), 6.0)]
+
+
+def test_a_stopped_llm_is_known_when_the_server_gave_up_on_that_turn():
+    deadlines = {"llm": lambda seconds: 6.0, "asr": lambda seconds: 3.0 + 0.5 * seconds}
+    turn = TurnRecord(caller=0, index=0, text="hours?", voice="en", utterance_seconds=2.0)
+    turn.speech_end_at = _at("2026-12-05 10:41:15.500")
+    case = {"role": "llm", "kind": "stopped", "fault_at": turn.speech_end_at - 1.0}
+    stalls = llm_stalls_logged(LOG)
+    # The 9.3 s stall fits this turn (15.5 + 9.3 = 24.8); the 6.0 s one at 26.1 belongs to another turn.
+    assert _known_at(case, turn, deadlines, stalls) == pytest.approx(_at("2026-12-05 10:41:24.840"))
+    assert _known_at(case, turn, deadlines, []) == pytest.approx(turn.speech_end_at + 6.0)  # none logged: the base
+    killed = dict(case, kind="killed")
+    assert _known_at(killed, turn, deadlines, stalls) == turn.speech_end_at
+    asr = dict(case, role="asr")
+    assert _known_at(asr, turn, deadlines, stalls) == pytest.approx(turn.speech_end_at + 4.0)

@@ -24,18 +24,21 @@ FAULTS = (("llm", "stopped"), ("tts", "killed"))
 
 @pytest.fixture
 def supervisor_log():
-    """What the bench reads of the server's log: the supervisor's lines, as the server writes them."""
+    """What the bench reads of the server's log, as the server writes it: the supervisor's lines
+    (worker starts and returns) and the LLM's (a reply given up, with its deadline)."""
     lines: list[str] = []
     handler = logging.Handler(level=logging.INFO)
     formatter = logging.Formatter("%(asctime)s %(levelname)s %(name)s: %(message)s")
     handler.emit = lambda record: lines.append(formatter.format(record))
-    logger = logging.getLogger("workers.supervisor")
-    level = logger.level
-    logger.addHandler(handler)
-    logger.setLevel(logging.INFO)
+    loggers = [logging.getLogger(name) for name in ("workers.supervisor", "pipelines.llm")]
+    levels = [logger.level for logger in loggers]
+    for logger in loggers:
+        logger.addHandler(handler)
+        logger.setLevel(logging.INFO)
     yield lambda: "\n".join(lines)
-    logger.removeHandler(handler)
-    logger.setLevel(level)
+    for logger, level in zip(loggers, levels):
+        logger.removeHandler(handler)
+        logger.setLevel(level)
 
 
 async def test_stuck_and_crashed_workers_cost_the_caller_an_apology_and_come_back(default_config, tmp_path: Path,
@@ -57,4 +60,8 @@ async def test_stuck_and_crashed_workers_cost_the_caller_an_apology_and_come_bac
         assert case["back_after_s"] is not None and case["back_after_s"] <= chaos_model_failures.BACK_WITHIN_S, case
         # Bounds for a loaded CI machine; the bench reports the figure (pass: 2 s).
         assert case["answer_after_known_ms"] < 5000, case
+    # The stuck LLM's failure is known when the server logged giving up, at its deadline for
+    # that prompt (above the configured base: the prompt adds to it).
+    stalls = chaos_model_failures.llm_stalls_logged(supervisor_log())
+    assert stalls and all(seconds > config.deadlines.llm_first_token_seconds for _, seconds in stalls), stalls
     assert figures["error"] is None and figures["clean_caller"]["during_unanswered"] == 0, figures

@@ -51,8 +51,9 @@ def limits_of(config: CadenceConfig) -> AgentLimits:
                        max_greeting_chars=config.agents.max_greeting_chars)
 
 
-def load_agent_files(config: CadenceConfig) -> dict[str, FileAgent]:
-    """Every *.yaml under agents.dir. A bad file stops startup: ConfigError names it and the field."""
+def load_agent_files(config: CadenceConfig, *, llm_context_tokens: int | None = None) -> dict[str, FileAgent]:
+    """Every *.yaml under agents.dir. A bad file stops startup: ConfigError names it and the field
+    (a prompt too long for `llm_context_tokens` too, where that is known)."""
     folder = Path(config.agents.dir)
     if not folder.is_dir():
         raise ConfigError(f"agents.dir {folder} is not a directory")
@@ -63,7 +64,7 @@ def load_agent_files(config: CadenceConfig) -> dict[str, FileAgent]:
         except (OSError, UnicodeDecodeError, yaml.YAMLError) as exc:
             raise ConfigError(f"{path}: cannot read agent: {exc}") from exc
         spec = parse_spec(data, limits_of(config), where=str(path))
-        check_against_server(spec, config, where=str(path))
+        check_against_server(spec, config, where=str(path), llm_context_tokens=llm_context_tokens)
         if spec.name in agents:
             raise ConfigError(f"{path}: agent {spec.name!r} is already defined in {agents[spec.name].path}")
         agents[spec.name] = FileAgent(spec=spec, path=path, data=data)
@@ -76,8 +77,12 @@ def load_agent_files(config: CadenceConfig) -> dict[str, FileAgent]:
 
 class AgentRegistry:
     def __init__(self, config: CadenceConfig, store: CallStore, files: dict[str, FileAgent],
-                 clock: Callable[[], float] = time.time) -> None:
+                 clock: Callable[[], float] = time.time, *, llm_context_tokens: int | None = None) -> None:
+        """`llm_context_tokens`: one call's context at the LLM engine (None: not known): an agent
+        whose prompt leaves no room for a dialogue in it is refused, and each call's dialogue
+        gets what its agent's prompt leaves."""
         self._config = config
+        self._llm_context_tokens = llm_context_tokens
         self._store = store
         self._files = files
         self._clock = clock
@@ -114,15 +119,15 @@ class AgentRegistry:
     def for_call(self, name: str | None) -> CallAgent:
         """The concrete agent a new call runs with (the default agent if it names none)."""
         spec = self.spec(name or self._config.agents.default)
-        check_against_server(spec, self._config)
-        return resolve(spec, self._config)
+        check_against_server(spec, self._config, llm_context_tokens=self._llm_context_tokens)
+        return resolve(spec, self._config, llm_context_tokens=self._llm_context_tokens)
 
     def describe(self, name: str) -> dict[str, Any]:
         """What the API shows: the definition as given, its source, and what calls get."""
         spec = self.spec(name)
         source = f"file:{self._files[name].path}" if name in self._files else "api"
         given = self._files[name].data if name in self._files else self._api[name][1]
-        resolved = resolve(spec, self._config)
+        resolved = resolve(spec, self._config, llm_context_tokens=self._llm_context_tokens)
         return {"name": name, "source": source, "spec": given, "resolved": _resolved_dict(resolved)}
 
     def list(self) -> list[dict[str, Any]]:
@@ -179,7 +184,7 @@ class AgentRegistry:
         if spec.knowledge_files:
             raise ConfigError("agent.knowledge_files is for YAML agents; upload documents to "
                               "POST /api/agents/{name}/knowledge")
-        check_against_server(spec, self._config)
+        check_against_server(spec, self._config, llm_context_tokens=self._llm_context_tokens)
         return spec
 
 

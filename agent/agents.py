@@ -19,6 +19,7 @@ from agent.config import CadenceConfig, build_dataclass
 from agent.errors import ConfigError
 from models.base import Sampling
 from pipelines.call_agent import PIPELINES, CallAgent, RetrievalSettings, SpeechToSpeechSettings
+from pipelines.prompt_budget import PromptBudget
 
 # URL-safe and stable: the name is the agent's id in URLs, in the store and on the dashboard.
 NAME_PATTERN = re.compile(r"[a-z0-9][a-z0-9_-]{0,63}")
@@ -162,8 +163,10 @@ def default_voice(config: CadenceConfig) -> str:
     return config.tts.orpheus.voice if config.tts.engine == "orpheus" else config.tts.voice
 
 
-def check_against_server(spec: AgentSpec, config: CadenceConfig, where: str = "agent") -> None:
-    """The spec's voice and model must be ones this server has loaded."""
+def check_against_server(spec: AgentSpec, config: CadenceConfig, where: str = "agent", *,
+                         llm_context_tokens: int | None = None) -> None:
+    """The spec's voice and model must be ones this server has loaded, and its system prompt
+    must leave the dialogue room in the LLM's context (`llm_context_tokens`; None: unknown)."""
     if spec.voice.engine is not None and spec.voice.engine != config.tts.engine:
         raise ConfigError(f"{where}.voice.engine {spec.voice.engine!r} is not loaded on this server; "
                           f"loaded: {config.tts.engine!r}")
@@ -173,13 +176,23 @@ def check_against_server(spec: AgentSpec, config: CadenceConfig, where: str = "a
     if spec.llm.model is not None and spec.llm.model != config.llm.model:
         raise ConfigError(f"{where}.llm.model {spec.llm.model!r} is not loaded on this server; "
                           f"loaded: {config.llm.model!r}")
+    if llm_context_tokens is not None and spec.pipeline in (None, "cascade"):
+        refusal = _prompt_budget(resolve(spec, config), llm_context_tokens).refusal(spec.system_prompt)
+        if refusal:
+            raise ConfigError(f"{where}.{refusal}")
 
 
-def resolve(spec: AgentSpec, config: CadenceConfig) -> CallAgent:
-    """The agent a call runs with: the spec's choices, the server's defaults elsewhere."""
+def _prompt_budget(agent: CallAgent, llm_context_tokens: int) -> PromptBudget:
+    return PromptBudget(context_tokens=llm_context_tokens, reply_tokens=agent.max_reply_tokens,
+                        passage_tokens=agent.retrieval.max_tokens if agent.retrieval.enabled else 0)
+
+
+def resolve(spec: AgentSpec, config: CadenceConfig, *, llm_context_tokens: int | None = None) -> CallAgent:
+    """The agent a call runs with: the spec's choices, the server's defaults elsewhere. Its
+    dialogue gets what its prompt leaves of `llm_context_tokens` (None: llm.max_dialogue_chars)."""
     llm, turn, knowledge = spec.llm, spec.turn, spec.knowledge
     defaults = config.retrieval
-    return CallAgent(
+    agent = CallAgent(
         name=spec.name,
         system_prompt=spec.system_prompt,
         greeting=spec.greeting,
@@ -197,12 +210,18 @@ def resolve(spec: AgentSpec, config: CadenceConfig) -> CallAgent:
         vad_stop_secs=_pick(turn.vad_stop_secs, config.vad.stop_secs),
         speculate_after_secs=_pick(turn.speculate_after_secs, config.asr.speculate_after_secs),
         idle_timeout_seconds=_pick(turn.idle_timeout_seconds, config.limits.idle_timeout_seconds),
+        max_dialogue_chars=config.llm.max_dialogue_chars,
         pipeline=_pick(spec.pipeline, "cascade"),
         speech_to_speech=SpeechToSpeechSettings(base_url=spec.speech_to_speech.base_url or "",
                                                 model=spec.speech_to_speech.model or "",
                                                 api_key_env=spec.speech_to_speech.api_key_env)
         if spec.pipeline == "openai-realtime" else None,
     )
+    if llm_context_tokens is None:
+        return agent
+    budget = _prompt_budget(agent, llm_context_tokens)
+    return dataclasses.replace(agent, max_dialogue_chars=budget.dialogue_chars(agent.system_prompt,
+                                                                               config.llm.max_dialogue_chars))
 
 
 def _pick(value, default):

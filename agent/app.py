@@ -57,15 +57,16 @@ def create_app(config: CadenceConfig, *, engines: Engines | None = None, engines
     A bad agent file raises ConfigError here, naming the file and the field: startup stops.
     `environ` (default: the process's) supplies API keys and the Twilio auth token."""
     environ = os.environ if environ is None else environ
-    agent_files = load_agent_files(config)
     owns_engines = engines is None  # engines passed in belong to the caller (tests share them)
     plane = model_plane_for(config) if owns_engines else ModelPlane()
-    engines = engines or registry.build_engines(config, plane.endpoints)
+    engines = engines or registry.build_engines(config, plane.endpoints)  # built, not loaded: no model read yet
+    # Agents are checked against the LLM's context (a prompt that leaves no room for a dialogue is refused).
+    agent_files = load_agent_files(config, llm_context_tokens=engines.llm.context_tokens)
     metrics = CadenceMetrics()
     gate = Gatekeeper(config.auth, operator_keys(config.auth, environ), metrics,
                       twilio_auth_token=environ.get(config.auth.twilio_auth_token_env) or None)
     store = CallStore(config.store.path)
-    agents = AgentRegistry(config, store, agent_files)
+    agents = AgentRegistry(config, store, agent_files, llm_context_tokens=engines.llm.context_tokens)
     knowledge = Knowledge(config, engines.embedder, metrics)
     events = TurnEvents(on_drop=metrics.dashboard_dropped.inc)
     metrics.track_dashboard_streams(lambda: events.subscriber_count, lambda: events.max_backlog)

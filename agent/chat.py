@@ -91,7 +91,7 @@ class TextChat:
             timing["retrieval"] = _ms(self._clock() - started)
             messages = prompt_window([{"role": "system", "content": agent.system_prompt}, *request.history,
                                       {"role": "user", "content": request.message}],
-                                     self._config.llm.max_history_messages)
+                                     self._config.llm.max_history_messages, agent.max_dialogue_chars)
             redactions = 0
 
             def redacted(count: int) -> None:

@@ -141,9 +141,10 @@ class LLMConfig(LlamaCppOptions):
     max_reply_sentences: int = 2
     # Turns of history kept in the prompt; older turns are dropped to bound prompt cost.
     max_history_messages: int = 12
-    # Characters of dialogue (history and the caller's turn) in a prompt, ~1,100 tokens: with the
-    # system prompt, passages and the reply it fits context_tokens. Older messages go first; a
-    # caller's turn longer than this alone keeps its end (ten minutes of talk is ~9,000).
+    # Characters of dialogue (history and the caller's turn) in a prompt, ~1,100 tokens, at most:
+    # an agent whose system prompt leaves less of the LLM's context gets less (pipelines/
+    # prompt_budget.py). Older messages go first; a caller's turn longer than this alone keeps
+    # its end (ten minutes of talk is ~9,000).
     max_dialogue_chars: int = 4000
 
 

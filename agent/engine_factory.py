@@ -46,7 +46,8 @@ def build_llm(config: CadenceConfig, endpoint: Endpoint | None = None) -> LLMEng
         dialect = endpoint.engine if endpoint.engine in ("llama-server", "vllm", "trtllm-serve") else "openai"
         return OpenAIChatLLMEngine(OpenAIChatOptions(
             base_url=endpoint.urls[0], replica_urls=endpoint.urls[1:], model=endpoint.model or "default",
-            dialect=dialect, default_sampling=config.llm.default_sampling, use_priority=dialect == "vllm"))
+            dialect=dialect, default_sampling=config.llm.default_sampling, use_priority=dialect == "vllm",
+            context_tokens=endpoint.context_tokens))
     if config.llm.engine == "llama-cpp":
         from models.llama_cpp_llm import LlamaCppLLMEngine
 

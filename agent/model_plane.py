@@ -37,6 +37,7 @@ class Endpoint:
     urls: tuple[str, ...]  # each replica's base URL (one for a worker without replicas); clients spread over them
     model: str | None  # the model's name at the server (vLLM serves it under this name)
     max_streams: int  # requests each replica is planned to serve at once
+    context_tokens: int | None = None  # an LLM's context per stream (the deployment's)
 
 
 @dataclass(frozen=True)
@@ -74,7 +75,8 @@ def endpoints_of(placed: Plan) -> dict[str, Endpoint]:
         if worker.spec == spec:  # a second worker of the same role gets no calls from here
             urls.append(worker.url)
     return {role: Endpoint(role=role, engine=spec.engine, urls=tuple(urls), model=spec.model,
-                           max_streams=spec.max_streams)
+                           max_streams=spec.max_streams,
+                           context_tokens=spec.context_tokens_per_stream if role == "llm" else None)
             for role, (spec, urls) in replicas.items()}
 
 

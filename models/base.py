@@ -110,6 +110,10 @@ class Sampling:
 
 
 class LLMEngine(Engine):
+    # The tokens one conversation's prompt and reply may hold together at this engine (its
+    # context per stream); None where the engine does not say. Prompts are sized to it.
+    context_tokens: int | None = None
+
     @abstractmethod
     def stream_chat(self, messages: Sequence[ChatMessage], *, max_tokens: int,
                     sampling: Sampling | None = None) -> AsyncIterator[str]:

@@ -27,7 +27,9 @@ HF_PREFIX = "hf:"
 class LlamaCppOptions:
     # "package:<name>", a local GGUF path, or "hf:<repo_id>/<filename>".
     model: str = "package:smollm2-135m-instruct"
-    context_tokens: int = 2048  # the KV cache: system prompt + passages + history + reply
+    # The KV cache: system prompt + passages + history + reply. 4096 holds an agent prompt of
+    # agents.max_prompt_chars (8,000) with the dialogue (pipelines/prompt_budget.py).
+    context_tokens: int = 4096
     temperature: float = 0.3  # defaults; an agent's own sampling overrides them per request
     top_p: float = 0.9
     # Small models loop ("and the ocean, and the ocean, ..."); this keeps replies short and sane.
@@ -42,6 +44,7 @@ class LlamaCppOptions:
 class LlamaCppLLMEngine(RunnerLoad, LLMEngine):
     def __init__(self, config: LlamaCppOptions, *, max_waiting: int = 16) -> None:
         self._config = config
+        self.context_tokens = config.context_tokens
         self._llama = None
         self._runner = ModelRunner("llm", max_waiting=max_waiting)
 

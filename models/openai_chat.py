@@ -61,6 +61,7 @@ class OpenAIChatOptions:
     # More servers of the same model beside base_url (its replicas); conversations spread over all.
     replica_urls: tuple[str, ...] = ()
     cool_off_s: float = DEFAULT_COOL_OFF_S  # a server that refused a connection gets no reply for this long
+    context_tokens: int | None = None  # one request's context at the server (None: not known here)
 
     @property
     def urls(self) -> tuple[str, ...]:
@@ -84,6 +85,7 @@ class LLMServerError(CadenceError):
 class OpenAIChatLLMEngine(LLMEngine):
     def __init__(self, options: OpenAIChatOptions) -> None:
         self.options = options
+        self.context_tokens = options.context_tokens
         self._replicas = ReplicaSet(replica_urls(options.urls, "LLM server"), cool_off_s=options.cool_off_s)
         # A conversation leaves its home replica once that has its share of the replies open.
         self._busy_at = options.max_in_flight / len(options.urls)

@@ -46,5 +46,8 @@ class CallAgent:
     vad_stop_secs: float
     speculate_after_secs: float  # 0 = no speculative transcripts
     idle_timeout_seconds: float
+    # Characters of dialogue (history and the caller's turn) a prompt may hold: llm.max_dialogue_chars,
+    # or less where the system prompt leaves less of the LLM's context (pipelines/prompt_budget.py).
+    max_dialogue_chars: int
     pipeline: str = "cascade"  # one of PIPELINES
     speech_to_speech: SpeechToSpeechSettings | None = None  # set when pipeline is "openai-realtime"

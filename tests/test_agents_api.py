@@ -198,3 +198,15 @@ def test_the_agents_sampling_and_reply_caps_reach_the_engine(config):
         sampling = llm.samplings[-1]
         assert (sampling.temperature, sampling.top_p) == (0.1, 0.5)
         assert sampling.repeat_penalty == config.llm.repeat_penalty, "unset: the server's default"
+
+
+def test_an_agent_whose_prompt_leaves_no_room_in_the_llms_context_is_refused_and_a_fitting_one_is_sized(config):
+    llm = ScriptedLLM(["We open at eight."])
+    llm.context_tokens = 2048  # as a llama-server started with 2048 tokens per slot says
+    with serving(config, llm) as (client, _):
+        refused = client.post("/api/agents", json={**CLINIC, "system_prompt": "x" * 7600})
+        assert refused.status_code == 422, refused.text
+        assert "system_prompt is 7600 characters; with the LLM's context of 2048 tokens" in refused.text
+        assert client.post("/api/agents", json={**CLINIC, "system_prompt": "x" * 3500}).status_code == 201
+        resolved = client.get("/api/agents/clinic").json()["resolved"]
+        assert 600 <= resolved["max_dialogue_chars"] < config.llm.max_dialogue_chars  # what the prompt leaves

@@ -41,7 +41,7 @@ from latency_bench import servers, twilio_caller
 from latency_bench.chaos_admission import ws_url
 from latency_bench.conversation import PlannedTurn
 from latency_bench.listen import TurnRecord
-from latency_bench.server_figures import poll_until
+from latency_bench.server_figures import metric_by_labels, poll_until
 from latency_bench.speech import available_voices, speak_as
 from latency_bench.stats import percentile
 
@@ -247,7 +247,7 @@ async def run(base_url: str, *, read_log: Callable[[], str], faults: tuple[tuple
         clean_turns = await clean
         await asyncio.wait_for(inject, 120)
         stored = (await injector._call()).get("turns", [])
-        metrics = (await http.get("/metrics")).text
+        failures_counted = await metric_by_labels(http, "cadence_model_failures_total")
     llm_stalls = llm_stalls_logged(read_log())
     first_fault = min((c["fault_at"] for c in injector.cases), default=time.time())
     baseline = [t for t in clean_turns if t.speech_end_at and t.speech_end_at < first_fault]
@@ -272,7 +272,7 @@ async def run(base_url: str, *, read_log: Callable[[], str], faults: tuple[tuple
                              "baseline_p95_ms": percentile(_ttfs(baseline), 95) if baseline else None,
                              "during_p95_ms": percentile(_ttfs(during), 95) if during else None,
                              "during_unanswered": sum(1 for t in during if t.first_audible_at is None)},
-            "model_failures_metric": re.findall(r"^cadence_model_failures_total(\{[^}]*\}) ([0-9.]+)$", metrics, re.M)}
+            "model_failures_metric": failures_counted}  # "kind/model" -> count
 
 
 def _stored_reply(stored: list[dict], turn: TurnRecord) -> str:

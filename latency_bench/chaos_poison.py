@@ -27,7 +27,6 @@ import asyncio
 import contextlib
 import json
 import random
-import re
 from collections import Counter
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass
@@ -37,9 +36,10 @@ import httpx
 import websockets
 
 from latency_bench import servers
-from latency_bench.log_scan import scan_log
 from latency_bench.injections import (BAKERY, CLINIC, Canaries, CallerTurn, Document, caller_turns, canaries,
                                       cross_agent_probes, documents)
+from latency_bench.log_scan import scan_log
+from latency_bench.server_figures import metric_by_labels
 from pipelines.reply_shaping import squashed
 
 SEARCH_K = 20  # the search route's most: every passage B could ever be given, and more
@@ -291,9 +291,7 @@ async def _stored(http: httpx.AsyncClient, call_ids: list[str], plan_: Plan, age
 
 async def _redactions(http: httpx.AsyncClient) -> dict[str, float]:
     """cadence_redactions_total by path (chat, call), from /metrics."""
-    found = re.findall(r'^cadence_redactions_total\{path="(\w+)"\} ([0-9.e+]+)$', (await http.get("/metrics")).text,
-                       re.MULTILINE)
-    return {path: float(value) for path, value in found}
+    return await metric_by_labels(http, "cadence_redactions_total")
 
 
 async def run(base_url: str, *, seed: int = 0, documents_count: int = 40, turns: int = 160,

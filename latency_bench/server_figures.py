@@ -45,6 +45,14 @@ async def metric_value(http: httpx.AsyncClient, name: str, default: float = 0.0,
     return samples.get((name, frozenset(labels.items())), default)
 
 
+async def metric_by_labels(http: httpx.AsyncClient, name: str) -> dict[str, float]:
+    """Every sample of `name` in the server's /metrics, keyed by its label values joined by "/"
+    in label-name order (cadence_model_failures_total{kind="stalled",model="llm"} -> "stalled/llm")."""
+    samples = metric_samples((await http.get("/metrics")).text)
+    return {"/".join(value for _, value in sorted(labels)): v for (sample, labels), v in samples.items()
+            if sample == name}
+
+
 LOOP_LAG_PROBES = "cadence_event_loop_lag_probe_seconds"
 
 

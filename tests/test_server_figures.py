@@ -8,7 +8,8 @@ from prometheus_client import CollectorRegistry, Counter, Gauge, generate_latest
 import pytest
 
 from agent.metrics import CadenceMetrics
-from latency_bench.server_figures import loop_probes_later_than, metric_samples, metric_value, poll_until
+from latency_bench.server_figures import (loop_probes_later_than, metric_by_labels, metric_samples, metric_value,
+                                          poll_until)
 
 
 def exposition() -> str:
@@ -34,6 +35,19 @@ async def test_a_metric_is_read_from_the_servers_metrics_route():
         assert await metric_value(http, "cadence_caller_audio_seconds_total", transport="webrtc") == 12.5
         assert await metric_value(http, "cadence_caller_audio_seconds_total", transport="phone") == 0.0
         assert await metric_value(http, "not_there", default=-1.0) == -1.0
+
+
+async def test_a_metrics_samples_are_keyed_by_their_label_values():
+    metrics = CadenceMetrics()
+    metrics.model_failures.labels("llm", "stalled").inc(2)
+    metrics.model_failures.labels("asr", "error").inc()
+    metrics.redactions.labels("chat").inc(3)
+    text = generate_latest(metrics.registry).decode()
+    transport = httpx.MockTransport(lambda request: httpx.Response(200, text=text))
+    async with httpx.AsyncClient(transport=transport, base_url="http://server") as http:
+        assert await metric_by_labels(http, "cadence_model_failures_total") == {"stalled/llm": 2, "error/asr": 1}
+        assert await metric_by_labels(http, "cadence_redactions_total") == {"chat": 3}
+        assert await metric_by_labels(http, "cadence_not_a_metric") == {}
 
 
 async def test_loop_stalls_are_counted_from_the_servers_own_lag_histogram():

@@ -49,7 +49,7 @@ def headline(results: dict) -> dict:
     """The figures a person reads: per level, caller-side TTFS and the failure counts."""
     def brief(summary: dict) -> dict:
         caller = summary["caller"]
-        return {"turns": summary["turns"], "errors": summary["errors"],
+        return {"turns": summary["turns"], "errors": summary["errors"], "apologies": summary["apologies"],
                 "turns_with_underruns": summary["turns_with_underruns"],
                 "ttfs_ms": {q: caller["ttfs_ms"][q] for q in ("p50", "p95", "p99")},
                 "ttfb_ms_p50": caller["ttfb_ms"]["p50"],

@@ -43,7 +43,7 @@ from latency_bench.conversation import PlannedTurn
 from latency_bench.listen import TurnRecord
 from latency_bench.server_figures import metric_by_labels, poll_until
 from latency_bench.speech import available_voices, speak_as
-from latency_bench.stats import percentile
+from latency_bench.stats import is_apology, percentile
 
 CPU_WORKERS = "configs/deployments/cpu-workers.yaml"
 FAULTS = (("asr", "killed"), ("asr", "stopped"), ("llm", "killed"), ("llm", "stopped"),
@@ -51,7 +51,6 @@ FAULTS = (("asr", "killed"), ("asr", "stopped"), ("llm", "killed"), ("llm", "sto
 QUESTIONS = ("What time do you open on Saturday?", "Can I book a table for two tonight?",
              "Do you have parking near the entrance?", "How much is the lunch menu?")
 # Said by the server instead of a reply (pipelines/llm.py, pipelines/stt.py).
-APOLOGIES = ("didn't catch that", "lost my train of thought")
 PAUSE_S = 1.5  # between a reply and the caller's next words
 # Before the turn after a fault: a stuck worker is found by the supervisor's probes (~6-12 s)
 # and restarted (~1-3 s to load); the turn then shows whether the call goes on.
@@ -105,10 +104,6 @@ def _plan(turns: int, *, voice: str, offset: int = 0, recovery_turns: frozenset[
         plan.append(PlannedTurn.of(samples, rate, text,
                                    pause_before_s=RECOVERY_PAUSE_S if i in recovery_turns else PAUSE_S))
     return plan
-
-
-def _is_apology(text: str) -> bool:
-    return any(a in text.lower() for a in APOLOGIES)
 
 
 class FaultInjector:
@@ -263,8 +258,8 @@ async def run(base_url: str, *, read_log: Callable[[], str], faults: tuple[tuple
         cases.append({
             "fault": f"{case['role']} {case['kind']}", "answered": heard_at is not None,
             "answer_after_known_ms": round((heard_at - known) * 1000) if heard_at else None,
-            "ttfs_ms": turn.ttfs_ms, "reply": reply[:160], "apology": _is_apology(reply),
-            "next_turn_answered": bool(nxt and nxt.first_audible_at and not _is_apology(_stored_reply(stored, nxt))),
+            "ttfs_ms": turn.ttfs_ms, "reply": reply[:160], "apology": is_apology(reply),
+            "next_turn_answered": bool(nxt and nxt.first_audible_at and not is_apology(_stored_reply(stored, nxt))),
             "back_after_s": case["back_after_s"], "error": turn.error})
     return {"faults": cases, "faulted_turns": len(result.turns), "close_code": result.close_code,
             "error": result.error, "stored_turns": len(stored_by_end),

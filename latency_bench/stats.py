@@ -31,6 +31,15 @@ def distribution(values: Iterable[float | None]) -> dict:
     return summary
 
 
+# What the server says when a model failed the turn (pipelines/stt.py NOT_HEARD_REPLY,
+# pipelines/llm.py FALLBACK_REPLY and CUT_SHORT_REPLY): a turn answered so was not answered.
+APOLOGIES = ("didn't catch that", "lost my train of thought")
+
+
+def is_apology(reply_text: str) -> bool:
+    return any(apology in reply_text.lower() for apology in APOLOGIES)
+
+
 def summarize(turns: list[dict]) -> dict:
     """`turns` as `TurnRecord.to_json()` gives them, with `server` joined where found."""
     answered = [t for t in turns if t["error"] is None]
@@ -44,6 +53,7 @@ def summarize(turns: list[dict]) -> dict:
         "server_ttfs_ms": distribution((t["server"] or {}).get("ttfs_ms") for t in turns),
         "final_transcript_ms": distribution(final_transcript_ms(t) for t in turns),
         "turns_joined_with_server": sum(1 for t in turns if t["server"]),
+        "apologies": sum(1 for t in turns if is_apology((t["server"] or {}).get("reply_text") or "")),
     }
     return summary
 

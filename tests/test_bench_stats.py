@@ -15,6 +15,8 @@ from latency_bench.conversation import plan_caller
 from latency_bench.listen import is_audible
 from latency_bench.speech import MAX_UTTERANCE_S, MIN_UTTERANCE_S, QUESTIONS, available_voices, synthesize
 from latency_bench.stats import join_server_turns, median_turn, percentile, summarize
+from pipelines.llm import CUT_SHORT_REPLY, FALLBACK_REPLY
+from pipelines.stt import NOT_HEARD_REPLY
 
 
 def caller_turn(ttfs, *, end_at=100.0, error=None, underruns=0, barge_stop=None):
@@ -43,6 +45,16 @@ def test_summary_counts_errors_and_underruns_and_ignores_unanswered_turns_in_ttf
     assert s["turns"] == 3 and s["errors"] == 1 and s["error_kinds"] == {"no reply within 20 s": 1}
     assert s["turns_with_underruns"] == 1
     assert s["caller"]["ttfs_ms"]["n"] == 2 and s["caller"]["ttfs_ms"]["p50"] == 1500
+
+
+@pytest.mark.parametrize("reply, apology", [
+    (FALLBACK_REPLY, True), ("The clinic opens at" + CUT_SHORT_REPLY, True), (NOT_HEARD_REPLY, True),
+    ("We open at nine on Saturdays.", False), ("Sorry, we are closed on Sundays.", False),
+])
+def test_a_turn_the_server_answered_with_its_apology_is_counted_as_one(reply, apology):
+    turn = caller_turn(1000)
+    turn["server"] = {**server_turn(0, 100.0), "reply_text": reply}
+    assert summarize([turn, caller_turn(900)])["apologies"] == int(apology)
 
 
 def test_server_turns_join_by_end_of_speech_time_not_by_order():

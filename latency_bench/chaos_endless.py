@@ -9,9 +9,13 @@ LLM's prompt fits its context however long the turn. `run` returns the figures; 
 
 The session's memory is measured on a server that has already served one long turn (a
 `warmup_s` monologue, cut once): what a fresh server takes for its first long turn it keeps for
-every later call (+107 MB after one 40 s turn, measured; likely the models' workspace for a full
-30 s window), so that growth is the process's, not this session's. Both are reported, with the
-resident memory sampled every SAMPLE_EVERY_S through the call.
+every later call, so that growth is the process's, not this session's. The resident memory is
+sampled every SAMPLE_EVERY_S through the call. What the session holds is the median of those
+samples over the figure before the call (`rss_held_mb`), and what is left once it ended; the
+highest sample (`rss_growth_mb`) is reported beside them. The peaks are Whisper's workspace
+while it encodes a full 30 s window at a cut (+117 MB for a 30 s window in a fresh process:
+`python -m latency_bench.asr_workspace`): the engine's, one window at a time whichever call it
+serves, and on a deployment with an ASR worker, in that worker's process, not the server's.
 """
 
 from __future__ import annotations
@@ -102,6 +106,7 @@ async def run(base_url: str, *, minutes: float, warmup_s: float = 40.0) -> dict:
         detail = (await http.get(f"/api/calls/{stored[0]['id']}")).json() if stored else {}
     turns = detail.get("turns", [])
     peak = max((rss for _, rss in samples), default=before["rss_mb"])
+    held = float(np.median([rss for _, rss in samples])) if samples else before["rss_mb"]
     heard_words = sum(len((t.get("user_text") or "").split()) for t in turns)
     caller_turn = result.turns[0] if result.turns else None
     return {"minutes": minutes, "speech_seconds": round(len(audio) / rate, 1), "words_spoken": words_spoken,
@@ -113,6 +118,7 @@ async def run(base_url: str, *, minutes: float, warmup_s: float = 40.0) -> dict:
             "reply_text": (turns[-1].get("reply_text") or "")[:200] if turns else "",
             "rss_fresh_mb": round(fresh["rss_mb"], 1), "warmup_s": warmup_s,
             "rss_before_mb": round(before["rss_mb"], 1), "rss_peak_mb": round(peak, 1),
-            "rss_growth_mb": round(peak - before["rss_mb"], 1), "rss_after_call_mb": round(after["rss_mb"], 1),
+            "rss_growth_mb": round(peak - before["rss_mb"], 1), "rss_held_mb": round(held - before["rss_mb"], 1),
+            "rss_after_call_mb": round(after["rss_mb"], 1),
             "rss_mb_series": samples,
             "close_code": result.close_code, "error": result.error}

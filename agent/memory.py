@@ -14,32 +14,21 @@ when the server has had no call for `delay_s`.
 from __future__ import annotations
 
 import asyncio
-import ctypes
-import ctypes.util
 import gc
 import logging
 from collections.abc import Callable
+
+from models.native_memory import trim_native_heap
 
 log = logging.getLogger(__name__)
 
 IDLE_DELAY_S = 0.5  # after the last call ends: long enough for its teardown to finish
 
 
-def _load_malloc_trim():
-    try:
-        return ctypes.CDLL(ctypes.util.find_library("c") or "libc.so.6").malloc_trim
-    except (OSError, AttributeError):  # not glibc (musl, macOS)
-        return None
-
-
-_MALLOC_TRIM = _load_malloc_trim()
-
-
 def return_freed_memory() -> None:
     """A full collection, then freed heap back to the OS (where the C library can)."""
     gc.collect()
-    if _MALLOC_TRIM is not None:
-        _MALLOC_TRIM(0)
+    trim_native_heap()
 
 
 class IdleHousekeeping:

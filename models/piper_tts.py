@@ -19,6 +19,7 @@ from dataclasses import dataclass
 from models.errors import ModelAssetError
 from models.assets import resolve_local
 from models.base import TTSEngine
+from models.native_memory import trim_native_heap
 from models.runner import ModelRunner, RunnerLoad
 
 log = logging.getLogger(__name__)
@@ -32,6 +33,13 @@ class PiperOptions:
     length_scale: float = 1.0  # >1 speaks slower
     # Seconds of audio per chunk handed to the transport while a sentence is synthesised.
     chunk_seconds: float = 0.2
+    # ONNX Runtime's CPU arena keeps, for good, what the longest sentence so far needed: one
+    # run-on sentence of ~55 words held +301 MB from then on. Off, each sentence's memory goes
+    # back when it is done (the C heap trimmed after it), for ~10-20 % more CPU per sentence
+    # (python -m latency_bench.tts_memory). On by default: the TTS's CPU is in every reply's
+    # first audio, and the arena's high-water is bounded by the longest sentence a reply can
+    # have (llm.max_reply_tokens).
+    cpu_mem_arena: bool = True
 
 
 class PiperTTSEngine(RunnerLoad, TTSEngine):
@@ -50,7 +58,7 @@ class PiperTTSEngine(RunnerLoad, TTSEngine):
         if path is None or path.suffix != ".onnx":
             raise ModelAssetError(f"tts.voice {self._config.voice!r} must be a package:<name> or a .onnx path")
         log.info("loading piper voice %s", path)
-        self._voice = _load_voice(PiperVoice, path)
+        self._voice = _load_voice(PiperVoice, path, cpu_mem_arena=self._config.cpu_mem_arena)
         self.sample_rate = self._voice.config.sample_rate
 
     def warm_up(self) -> None:
@@ -67,19 +75,23 @@ class PiperTTSEngine(RunnerLoad, TTSEngine):
             raise RuntimeError("PiperTTSEngine.load() was not called")
         chunk_bytes = int(self.sample_rate * self._config.chunk_seconds) * _BYTES_PER_SAMPLE
         syn_config = SynthesisConfig(length_scale=self._config.length_scale)
-        for sentence_audio in self._voice.synthesize(text, syn_config=syn_config):
-            pcm = sentence_audio.audio_int16_bytes
-            for start in range(0, len(pcm), chunk_bytes):
-                if stop.is_set():
-                    return
-                yield pcm[start : start + chunk_bytes]
+        try:
+            for sentence_audio in self._voice.synthesize(text, syn_config=syn_config):
+                pcm = sentence_audio.audio_int16_bytes
+                for start in range(0, len(pcm), chunk_bytes):
+                    if stop.is_set():
+                        return
+                    yield pcm[start : start + chunk_bytes]
+        finally:
+            if not self._config.cpu_mem_arena:
+                trim_native_heap()  # what the sentence's tensors took goes back now (native_memory.py)
 
     async def close(self) -> None:
         self._runner.shutdown()
         self._voice = None
 
 
-def _load_voice(voice_class: Any, path: Path) -> Any:
+def _load_voice(voice_class: Any, path: Path, *, cpu_mem_arena: bool) -> Any:
     """`PiperVoice.load(path)` on our own ONNX session, one that plans no memory per input length.
 
     ONNX Runtime's memory patterns (on by default, and in piper's own session) keep a plan and
@@ -92,6 +104,7 @@ def _load_voice(voice_class: Any, path: Path) -> Any:
 
     options = ort.SessionOptions()
     options.enable_mem_pattern = False
+    options.enable_cpu_mem_arena = cpu_mem_arena
     config = PiperConfig.from_dict(json.loads(Path(f"{path}.json").read_text(encoding="utf-8")))
     session = ort.InferenceSession(str(path), sess_options=options, providers=["CPUExecutionProvider"])
     return voice_class(config=config, session=session)

@@ -1,0 +1,92 @@
+"""What the CPU voice (Piper) keeps in memory after a long sentence, with ONNX Runtime's CPU
+arena on and off.
+
+    python -m latency_bench.tts_memory [--config configs/default.yaml] [--repeats 3]
+
+Each mode runs in a fresh process: the config's Piper voice loaded and warmed up, short
+sentences said until its memory settles, then one run-on sentence of ~55 words (the kind a
+small LLM writes as one sentence, up to max_reply_tokens), then the short sentences again.
+Printed per mode: resident memory after the short sentences, after the long one and after the
+short ones again, and the CPU seconds per short sentence (the median over `repeats` rounds).
+What the arena keeps after the long sentence stays for the life of the process: that is the
+figure an operator plans memory by. Linux only (/proc/self/status).
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import re
+import statistics
+import subprocess
+import sys
+import threading
+import time
+from dataclasses import replace
+from pathlib import Path
+
+from agent.config import load_config
+from latency_bench.servers import DEFAULT_CONFIG
+from models.piper_tts import PiperTTSEngine
+
+SHORT = ("We open at nine on Saturday.", "Parking is free behind the building.",
+         "Yes, walk-in patients are seen until ten.")
+# 55 words, one sentence: what a 135M model writes when asked for one (a reply of 64 tokens).
+LONG = ("The name is not available to the public without a valid certificate of authenticity and all other "
+        "information about it must be verified by a certified copy of the certificate issued by the "
+        "International Association of Medical and Dental Associations and everything else that the clinic "
+        "keeps on file for its patients")
+
+
+def _rss_mb() -> float:
+    return int(re.search(r"^VmRSS:\s+(\d+) kB", Path("/proc/self/status").read_text(), re.MULTILINE).group(1)) / 1024
+
+
+def measure_one(config: Path, arena: bool, repeats: int) -> dict:
+    cadence = load_config(config)
+    engine = PiperTTSEngine(replace(cadence.tts, cpu_mem_arena=arena))
+    engine.load()
+    engine.warm_up()
+
+    def say(text: str) -> float:
+        started = time.process_time()
+        for _ in engine._synthesize_blocking(text, threading.Event()):
+            pass
+        return time.process_time() - started
+
+    for text in SHORT * 3:  # until the arena (or the heap) has what short sentences need
+        say(text)
+    cpu = [statistics.mean(say(text) for text in SHORT) for _ in range(repeats)]
+    before = _rss_mb()
+    long_cpu = say(LONG)
+    after_long = _rss_mb()
+    for text in SHORT * 3:
+        say(text)
+    after_short = _rss_mb()
+    return {"arena": arena, "rss_mb": round(before, 1), "after_long_mb": round(after_long - before, 1),
+            "after_short_again_mb": round(after_short - before, 1),
+            "cpu_ms_per_short_sentence": round(statistics.median(cpu) * 1000), "cpu_ms_long_sentence": round(long_cpu * 1000)}
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(prog="python -m latency_bench.tts_memory", description=__doc__.split("\n")[0])
+    parser.add_argument("--config", type=Path, default=DEFAULT_CONFIG)
+    parser.add_argument("--repeats", type=int, default=3)
+    parser.add_argument("--one", choices=["on", "off"], help=argparse.SUPPRESS)  # the child: one mode, JSON out
+    args = parser.parse_args(argv)
+    if args.one:
+        print(json.dumps(measure_one(args.config, args.one == "on", args.repeats)))
+        return 0
+    print("| CPU arena | RSS | after the long sentence | after short ones again | CPU per short sentence | CPU, long sentence |\n"
+          "|---|---|---|---|---|---|")
+    for mode in ("on", "off"):
+        child = subprocess.run([sys.executable, "-m", "latency_bench.tts_memory", "--one", mode, "--config", str(args.config),
+                                "--repeats", str(args.repeats)], capture_output=True, text=True, check=True)
+        row = json.loads(child.stdout.strip().splitlines()[-1])
+        print(f"| {mode} | {row['rss_mb']} MB | {row['after_long_mb']:+} MB | {row['after_short_again_mb']:+} MB "
+              f"| {row['cpu_ms_per_short_sentence']} ms | {row['cpu_ms_long_sentence']} ms |")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

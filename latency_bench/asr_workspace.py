@@ -17,8 +17,6 @@ from __future__ import annotations
 import argparse
 import asyncio
 import json
-import re
-import subprocess
 import sys
 from pathlib import Path
 
@@ -26,14 +24,10 @@ from agent.config import load_config
 from agent.engine_factory import build_asr
 from latency_bench.audio import resample
 from latency_bench.chaos_endless import monologue
+from latency_bench.fresh_process import run_fresh, status_mb
 from latency_bench.servers import DEFAULT_CONFIG
 
 ASR_RATE = 16000
-
-
-def _status_mb(key: str) -> float:
-    text = Path("/proc/self/status").read_text()
-    return int(re.search(rf"^{key}:\s+(\d+) kB", text, re.MULTILINE).group(1)) / 1024
 
 
 def measure_one(seconds: float, config: Path) -> dict:
@@ -44,9 +38,9 @@ def measure_one(seconds: float, config: Path) -> dict:
     audio, rate, _ = monologue(seconds)
     pcm16 = resample(audio, rate, ASR_RATE).astype("int16").tobytes()
     Path("/proc/self/clear_refs").write_text("5")  # VmHWM back to the current RSS
-    before = _status_mb("VmRSS")
+    before = status_mb("VmRSS")
     transcript = asyncio.run(engine.transcribe(pcm16))
-    peak, after = _status_mb("VmHWM"), _status_mb("VmRSS")
+    peak, after = status_mb("VmHWM"), status_mb("VmRSS")
     return {"window_s": seconds, "rss_before_mb": round(before, 1), "peak_mb": round(peak, 1),
             "workspace_mb": round(peak - before, 1), "kept_mb": round(after - before, 1),
             "words": len(transcript.text.split())}
@@ -63,9 +57,7 @@ def main(argv: list[str] | None = None) -> int:
         return 0
     print("| window | RSS before | peak | workspace | kept after | words |\n|---|---|---|---|---|---|")
     for seconds in args.seconds:
-        child = subprocess.run([sys.executable, "-m", "latency_bench.asr_workspace", "--one", "--seconds", str(seconds),
-                                "--config", str(args.config)], capture_output=True, text=True, check=True)
-        row = json.loads(child.stdout.strip().splitlines()[-1])
+        row = run_fresh("latency_bench.asr_workspace", "--seconds", str(seconds), "--config", str(args.config))
         print(f"| {row['window_s']:g} s | {row['rss_before_mb']} MB | {row['peak_mb']} MB | +{row['workspace_mb']} MB "
               f"| +{row['kept_mb']} MB | {row['words']} |")
     return 0

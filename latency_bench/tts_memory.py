@@ -16,9 +16,7 @@ from __future__ import annotations
 
 import argparse
 import json
-import re
 import statistics
-import subprocess
 import sys
 import threading
 import time
@@ -26,6 +24,7 @@ from dataclasses import replace
 from pathlib import Path
 
 from agent.config import load_config
+from latency_bench.fresh_process import run_fresh, status_mb
 from latency_bench.servers import DEFAULT_CONFIG
 from models.piper_tts import PiperTTSEngine
 
@@ -36,10 +35,6 @@ LONG = ("The name is not available to the public without a valid certificate of 
         "information about it must be verified by a certified copy of the certificate issued by the "
         "International Association of Medical and Dental Associations and everything else that the clinic "
         "keeps on file for its patients")
-
-
-def _rss_mb() -> float:
-    return int(re.search(r"^VmRSS:\s+(\d+) kB", Path("/proc/self/status").read_text(), re.MULTILINE).group(1)) / 1024
 
 
 def measure_one(config: Path, arena: bool, repeats: int) -> dict:
@@ -57,12 +52,12 @@ def measure_one(config: Path, arena: bool, repeats: int) -> dict:
     for text in SHORT * 3:  # until the arena (or the heap) has what short sentences need
         say(text)
     cpu = [statistics.mean(say(text) for text in SHORT) for _ in range(repeats)]
-    before = _rss_mb()
+    before = status_mb("VmRSS")
     long_cpu = say(LONG)
-    after_long = _rss_mb()
+    after_long = status_mb("VmRSS")
     for text in SHORT * 3:
         say(text)
-    after_short = _rss_mb()
+    after_short = status_mb("VmRSS")
     return {"arena": arena, "rss_mb": round(before, 1), "after_long_mb": round(after_long - before, 1),
             "after_short_again_mb": round(after_short - before, 1),
             "cpu_ms_per_short_sentence": round(statistics.median(cpu) * 1000), "cpu_ms_long_sentence": round(long_cpu * 1000)}
@@ -80,9 +75,7 @@ def main(argv: list[str] | None = None) -> int:
     print("| CPU arena | RSS | after the long sentence | after short ones again | CPU per short sentence | CPU, long sentence |\n"
           "|---|---|---|---|---|---|")
     for mode in ("on", "off"):
-        child = subprocess.run([sys.executable, "-m", "latency_bench.tts_memory", "--one", mode, "--config", str(args.config),
-                                "--repeats", str(args.repeats)], capture_output=True, text=True, check=True)
-        row = json.loads(child.stdout.strip().splitlines()[-1])
+        row = run_fresh("latency_bench.tts_memory", mode, "--config", str(args.config), "--repeats", str(args.repeats))
         print(f"| {mode} | {row['rss_mb']} MB | {row['after_long_mb']:+} MB | {row['after_short_again_mb']:+} MB "
               f"| {row['cpu_ms_per_short_sentence']} ms | {row['cpu_ms_long_sentence']} ms |")
     return 0

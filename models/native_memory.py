@@ -2,8 +2,8 @@
 
 glibc keeps freed heap for reuse, and how much it keeps after a burst of large native
 allocations (an ONNX session's tensors for one long sentence) depends on the order they were
-freed in: measured, 50 Piper sentences without ONNX Runtime's arena left anything from -7 to
-+102 MB behind, and with a trim after each, +1 MB. A no-op where the C library has no trim
+freed in: 50 Piper sentences without ONNX Runtime's arena (tests/test_piper_tts.py's measure)
+left anything from -7 to +102 MB behind, and with a trim after each, under +1 MB. A no-op where the C library has no trim
 (musl, macOS).
 """
 
@@ -24,7 +24,9 @@ _MALLOC_TRIM = _load_malloc_trim()
 
 
 def trim_native_heap() -> None:
-    """Returns the C heap's free pages to the OS. Thread-safe (glibc locks each arena); costs a
-    walk of the heap, ~1 ms here, so it belongs after a unit of heavy work, not inside one."""
+    """Returns the C heap's free pages to the OS. Thread-safe (glibc locks each arena). It walks
+    the heap and the pages it returns must be faulted in again on the next use, so it belongs
+    after a unit of heavy work, not inside one (its cost is in latency_bench.tts_memory's CPU
+    figure for the voice without its arena)."""
     if _MALLOC_TRIM is not None:
         _MALLOC_TRIM(0)

@@ -318,6 +318,7 @@ def _validate(config: CadenceConfig) -> None:
         (config.llm.context_tokens >= 256, "llm.context_tokens must be >= 256"),
         (config.llm.max_dialogue_chars >= 200, "llm.max_dialogue_chars must be >= 200"),
         (0.02 <= config.tts.chunk_seconds <= 2.0, "tts.chunk_seconds must be in [0.02, 2]"),
+        (40 <= config.tts.max_run_chars <= 1000, "tts.max_run_chars must be in [40, 1000]"),
         (0 <= config.llm.max_reply_sentences <= 20, "llm.max_reply_sentences must be in [0, 20]"),
         (1 <= config.retrieval.top_k <= 20, "retrieval.top_k must be in [1, 20]"),
         (50 <= config.retrieval.max_tokens <= 4000, "retrieval.max_tokens must be in [50, 4000]"),

@@ -1,7 +1,7 @@
 """What the CPU voice (Piper) keeps in memory after a long sentence, with ONNX Runtime's CPU
-arena on and off.
+arena on and off, and how soon the long sentence's first audio comes.
 
-    python -m latency_bench.tts_memory [--config configs/default.yaml] [--repeats 3]
+    python -m latency_bench.tts_memory [--config configs/default.yaml] [--repeats 3] [--max-run-chars N]
 
 Each mode runs in a fresh process: the config's Piper voice loaded and warmed up, short
 sentences said until its memory settles, then one run-on sentence of ~55 words (the kind a
@@ -37,16 +37,21 @@ LONG = ("The name is not available to the public without a valid certificate of 
         "keeps on file for its patients")
 
 
-def measure_one(config: Path, arena: bool, repeats: int) -> dict:
+def measure_one(config: Path, arena: bool, repeats: int, max_run_chars: int | None = None) -> dict:
     cadence = load_config(config)
-    engine = PiperTTSEngine(replace(cadence.tts, cpu_mem_arena=arena))
+    tts = replace(cadence.tts, cpu_mem_arena=arena,
+                  max_run_chars=cadence.tts.max_run_chars if max_run_chars is None else max_run_chars)
+    engine = PiperTTSEngine(tts)
     engine.load()
     engine.warm_up()
+    first_audio_s = 0.0
 
     def say(text: str) -> float:
-        started = time.process_time()
-        for _ in engine._synthesize_blocking(text, threading.Event()):
-            pass
+        nonlocal first_audio_s
+        started, started_wall = time.process_time(), time.perf_counter()
+        for index, _ in enumerate(engine._synthesize_blocking(text, threading.Event())):
+            if index == 0:
+                first_audio_s = time.perf_counter() - started_wall
         return time.process_time() - started
 
     for text in SHORT * 3:  # until the arena (or the heap) has what short sentences need
@@ -54,30 +59,37 @@ def measure_one(config: Path, arena: bool, repeats: int) -> dict:
     cpu = [statistics.mean(say(text) for text in SHORT) for _ in range(repeats)]
     before = status_mb("VmRSS")
     long_cpu = say(LONG)
+    long_first_audio_s = first_audio_s
     after_long = status_mb("VmRSS")
     for text in SHORT * 3:
         say(text)
     after_short = status_mb("VmRSS")
     return {"arena": arena, "rss_mb": round(before, 1), "after_long_mb": round(after_long - before, 1),
             "after_short_again_mb": round(after_short - before, 1),
-            "cpu_ms_per_short_sentence": round(statistics.median(cpu) * 1000), "cpu_ms_long_sentence": round(long_cpu * 1000)}
+            "cpu_ms_per_short_sentence": round(statistics.median(cpu) * 1000), "cpu_ms_long_sentence": round(long_cpu * 1000),
+            "first_audio_ms_long_sentence": round(long_first_audio_s * 1000), "max_run_chars": tts.max_run_chars}
 
 
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(prog="python -m latency_bench.tts_memory", description=__doc__.split("\n")[0])
     parser.add_argument("--config", type=Path, default=DEFAULT_CONFIG)
     parser.add_argument("--repeats", type=int, default=3)
+    parser.add_argument("--max-run-chars", type=int, help="tts.max_run_chars for both modes (default: the config's)")
     parser.add_argument("--one", choices=["on", "off"], help=argparse.SUPPRESS)  # the child: one mode, JSON out
     args = parser.parse_args(argv)
     if args.one:
-        print(json.dumps(measure_one(args.config, args.one == "on", args.repeats)))
+        print(json.dumps(measure_one(args.config, args.one == "on", args.repeats, args.max_run_chars)))
         return 0
-    print("| CPU arena | RSS | after the long sentence | after short ones again | CPU per short sentence | CPU, long sentence |\n"
-          "|---|---|---|---|---|---|")
+    print(f"The long sentence: {len(LONG)} characters.\n"
+          "| CPU arena | longest run | RSS | after the long sentence | after short ones again | CPU per short sentence "
+          "| CPU, long sentence | first audio, long sentence |\n|---|---|---|---|---|---|---|---|")
+    run_chars = () if args.max_run_chars is None else ("--max-run-chars", str(args.max_run_chars))
     for mode in ("on", "off"):
-        row = run_fresh("latency_bench.tts_memory", mode, "--config", str(args.config), "--repeats", str(args.repeats))
-        print(f"| {mode} | {row['rss_mb']} MB | {row['after_long_mb']:+} MB | {row['after_short_again_mb']:+} MB "
-              f"| {row['cpu_ms_per_short_sentence']} ms | {row['cpu_ms_long_sentence']} ms |")
+        row = run_fresh("latency_bench.tts_memory", mode, "--config", str(args.config), "--repeats", str(args.repeats),
+                        *run_chars)
+        print(f"| {mode} | {row['max_run_chars']} chars | {row['rss_mb']} MB | {row['after_long_mb']:+} MB "
+              f"| {row['after_short_again_mb']:+} MB | {row['cpu_ms_per_short_sentence']} ms "
+              f"| {row['cpu_ms_long_sentence']} ms | {row['first_audio_ms_long_sentence']} ms |")
     return 0
 
 

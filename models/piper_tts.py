@@ -19,6 +19,7 @@ from dataclasses import dataclass
 from models.errors import ModelAssetError
 from models.assets import resolve_local
 from models.base import TTSEngine
+from models.long_text import split_long_text
 from models.native_memory import trim_native_heap
 from models.runner import ModelRunner, RunnerLoad
 
@@ -33,13 +34,17 @@ class PiperOptions:
     length_scale: float = 1.0  # >1 speaks slower
     # Seconds of audio per chunk handed to the transport while a sentence is synthesised.
     chunk_seconds: float = 0.2
-    # ONNX Runtime's CPU arena keeps, for good, what the longest sentence so far needed: one
-    # run-on sentence of ~55 words held +301 MB from then on. Off, each sentence's memory goes
-    # back when it is done (the C heap trimmed after it), for ~10-20 % more CPU per sentence
-    # (python -m latency_bench.tts_memory). On by default: the TTS's CPU is in every reply's
-    # first audio, and the arena's high-water is bounded by the longest sentence a reply can
-    # have (llm.max_reply_tokens).
+    # ONNX Runtime's CPU arena keeps, for good, what the longest run so far needed: a run-on
+    # sentence of ~55 words said in one run held +310 MB from then on, in runs of 120 characters
+    # +115 MB. Off, each sentence's memory goes back when it is done (the C heap trimmed after
+    # it), for ~20-25 % more CPU per sentence (python -m latency_bench.tts_memory). On by
+    # default: the TTS's CPU is in every reply's first audio, and the arena's high-water is
+    # bounded by the longest run (max_run_chars).
     cpu_mem_arena: bool = True
+    # A sentence longer than this is said in pieces cut at clause breaks (models/long_text.py):
+    # Piper says a whole sentence in one run before any of it plays, so a run-on sentence left
+    # the caller waiting on it, and its run's workspace is what the arena keeps.
+    max_run_chars: int = 120
 
 
 class PiperTTSEngine(RunnerLoad, TTSEngine):
@@ -76,12 +81,13 @@ class PiperTTSEngine(RunnerLoad, TTSEngine):
         chunk_bytes = int(self.sample_rate * self._config.chunk_seconds) * _BYTES_PER_SAMPLE
         syn_config = SynthesisConfig(length_scale=self._config.length_scale)
         try:
-            for sentence_audio in self._voice.synthesize(text, syn_config=syn_config):
-                pcm = sentence_audio.audio_int16_bytes
-                for start in range(0, len(pcm), chunk_bytes):
-                    if stop.is_set():
-                        return
-                    yield pcm[start : start + chunk_bytes]
+            for piece in split_long_text(text, self._config.max_run_chars):
+                for sentence_audio in self._voice.synthesize(piece, syn_config=syn_config):
+                    pcm = sentence_audio.audio_int16_bytes
+                    for start in range(0, len(pcm), chunk_bytes):
+                        if stop.is_set():
+                            return
+                        yield pcm[start : start + chunk_bytes]
         finally:
             if not self._config.cpu_mem_arena:
                 trim_native_heap()  # what the sentence's tensors took goes back now (native_memory.py)

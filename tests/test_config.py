@@ -49,6 +49,7 @@ server:
     ("deadlines: {llm_first_token_seconds: 0}", "deadlines must be > 0"),
     ("deadlines: {llm_first_token_per_1k_prompt_chars: -1}", "llm_first_token_per_1k_prompt_chars may be 0"),
     ("deadlines: {tts_first_audio_seconds: 1.0}", "fallback_after_seconds must be > 0 and below"),
+    ("tts: {max_run_chars: 10}", "tts.max_run_chars must be in [40, 1000]"),
 ])
 def test_bad_config_is_rejected_with_a_clear_message(tmp_path, text, message):
     with pytest.raises(ConfigError, match=None) as info:

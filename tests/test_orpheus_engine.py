@@ -17,7 +17,8 @@ from latency_bench.conversation import PlannedTurn
 from models.base import TTSEngine
 from models.fallback_voice import FallbackTTSEngine
 from models.orpheus.build import build_orpheus, byte_tokenizer
-from models.orpheus.engine import MAX_REQUEST_CHARS, split_long_text
+from models.long_text import split_long_text
+from models.orpheus.engine import MAX_REQUEST_CHARS
 from models.orpheus.prompt import prompt_ids
 from models.orpheus.tiny_llama import InProcessTokenSource
 from models.orpheus.token_source import OrpheusSampling
@@ -28,12 +29,12 @@ from tests.conftest import finished_call, running_server
 
 def test_long_sentences_are_split_at_clause_breaks_under_the_request_limit():
     text = ("This is a clause, " * 40).strip()
-    parts = split_long_text(text)
+    parts = split_long_text(text, MAX_REQUEST_CHARS)
     assert len(parts) > 1 and all(len(p) <= MAX_REQUEST_CHARS for p in parts)
     assert " ".join(parts) == " ".join(text.split())
     assert all(p.endswith(",") or p == parts[-1] for p in parts)
-    assert split_long_text("Short.") == ["Short."]
-    assert split_long_text("x" * 700) == ["x" * 300, "x" * 300, "x" * 100]  # no space at all
+    assert split_long_text("Short.", MAX_REQUEST_CHARS) == ["Short."]
+    assert split_long_text("x" * 700, MAX_REQUEST_CHARS) == ["x" * 300, "x" * 300, "x" * 100]  # no space at all
 
 
 async def test_the_in_process_source_speaks_well_formed_frames_and_stops():

@@ -14,6 +14,7 @@ from typing import Protocol
 import numpy as np
 
 from models.base import TTSEngine
+from models.long_text import split_long_text
 from models.orpheus.codec import SnacCodec
 from models.orpheus.prompt import prompt_ids
 from models.orpheus.streaming import StreamPlan, stream_audio
@@ -69,7 +70,7 @@ class OrpheusTTSEngine(TTSEngine):
         if self._service is None:
             raise RuntimeError("OrpheusTTSEngine.load() was not called")
         await self._service.start()  # idempotent; needs the running loop
-        for request in split_long_text(text):
+        for request in split_long_text(text, MAX_REQUEST_CHARS):
             ids = prompt_ids(self._tokenize, self._voice, request)
             async for audio in stream_audio(self._source.stream(ids, self._sampling), self._service, self._plan):
                 yield to_pcm16(audio)
@@ -79,18 +80,3 @@ class OrpheusTTSEngine(TTSEngine):
             await self._service.close()
         if hasattr(self._source, "close"):
             await self._source.close()
-
-
-def split_long_text(text: str, max_chars: int = MAX_REQUEST_CHARS) -> list[str]:
-    """Orpheus' quality drops past ~30 s of speech in one request: a sentence longer than
-    `max_chars` (~20 s of speech) is cut at clause breaks, then at spaces."""
-    text = " ".join(text.split())
-    parts: list[str] = []
-    while len(text) > max_chars:
-        window = text[:max_chars]
-        cut = max(window.rfind(", "), window.rfind("; "), window.rfind(": "))
-        cut = cut + 1 if cut > max_chars // 3 else window.rfind(" ")
-        cut = cut if cut > 0 else max_chars
-        parts.append(text[:cut].strip())
-        text = text[cut:].strip()
-    return parts + ([text] if text else [])

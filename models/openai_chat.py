@@ -15,7 +15,9 @@ prefixes, so a conversation keeps going to one replica. A stable hash of its ope
 first system message and the first user message) names its home replica; a home that
 refused a connection in the last `cool_off_s`, or has max_in_flight / len(replicas) replies
 open while another has fewer, is passed over for the least loaded (models/replicas.py). A
-replica that refuses the connection is tried once more on another before anything streamed.
+replica that refuses the connection is tried once more on another before anything streamed,
+and a request dropped unanswered on a pooled connection the server had just closed, once more
+on a fresh one.
 A prompt window that slides past the first user message moves the conversation (its prefix
 changed anyway), and a warm-up before the first question is homed by the system prompt alone.
 """
@@ -41,6 +43,14 @@ DIALECTS = ("llama-server", "vllm", "trtllm-serve", "openai")
 # vLLM's `--scheduling-policy priority` takes a per-request priority, lower first: a turn's
 # reply goes ahead of a background prefix warm-up.
 _REPLY_PRIORITY, _WARM_UP_PRIORITY = 0, 10
+
+# A pooled connection the server closed as the request went out on it: the request was never
+# answered (no response header came back), so it is sent once more, on a fresh connection.
+# llama-server closes the connection after every streamed reply, and a request sent in the
+# instant before its close arrives meets it: measured, 9 of 40 requests sent right after a
+# warm-up (a turn after its prompt's warm-up, or after the passages' one) failed so. Not a
+# timeout: a server that is slow to answer is not sent the request twice.
+_STALE_CONNECTION = (httpx.RemoteProtocolError, httpx.ReadError, httpx.WriteError)
 
 
 @dataclass(frozen=True)
@@ -192,9 +202,10 @@ class OpenAIChatLLMEngine(LLMEngine):
 
     async def _open(self, body: dict[str, Any]) -> tuple[str, httpx.Response]:
         """The conversation's replica's response, headers read, counted in flight there until the
-        caller calls finished(url). A refused connection is tried once more on another replica."""
+        caller calls finished(url). A refused connection is tried once more on another replica;
+        a stale pooled one, once more on the same replica."""
         url = self._replicas.pick_for(conversation_key(body["messages"]), busy_at=self._busy_at)
-        retried = False
+        retried = resent = False
         while True:
             self._replicas.started(url)
             client = self._http(url)
@@ -203,6 +214,10 @@ class OpenAIChatLLMEngine(LLMEngine):
                                               stream=True)
             except httpx.TransportError as exc:
                 self._replicas.finished(url)
+                if isinstance(exc, _STALE_CONNECTION) and not resent:
+                    log.debug("LLM server at %s dropped the request unanswered (%s); sending it again", url, exc)
+                    resent = True
+                    continue
                 if not isinstance(exc, CONNECT_FAILURES):
                     raise _unavailable(url, exc) from exc
                 self._replicas.mark_down(url)

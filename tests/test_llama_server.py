@@ -63,6 +63,17 @@ async def test_several_slots_generate_side_by_side(llm_worker):
     assert engine.batch_size is not None and engine.batch_size >= 2
 
 
+async def test_a_request_sent_the_instant_a_streamed_reply_ends_is_answered(llm_worker):
+    """llama-server closes its connection after each streamed reply, and a request that goes
+    out on it in that instant (a turn right after its prefix's warm-up) met the close: 9 of 40
+    failed so before the engine sent such a request again on a fresh connection."""
+    _, engine = llm_worker
+    for n in range(20):
+        messages = [{"role": "system", "content": "You are brief."}, {"role": "user", "content": f"Say {n}."}]
+        await engine.warm_prefix(messages)
+        assert [piece async for piece in engine.stream_chat(messages, max_tokens=2)], n
+
+
 async def test_a_killed_worker_fails_its_reply_fast_and_is_back_soon(llm_worker):
     supervisor, engine = llm_worker
     worker = supervisor.workers[0]

@@ -1,10 +1,12 @@
-"""The OpenAI-compatible chat client: its pure parts here; against a real llama-server in
-tests/test_llama_server.py."""
+"""The OpenAI-compatible chat client: its pure parts and its connection handling (against a
+small real HTTP server) here; against a real llama-server in tests/test_llama_server.py."""
+
+import asyncio
 
 import pytest
 
 from models.base import Sampling
-from models.errors import ConfigError
+from models.errors import ConfigError, WorkerUnavailableError
 from models.openai_chat import LLMServerError, OpenAIChatLLMEngine, OpenAIChatOptions, ServerSentEvents
 
 
@@ -49,3 +51,73 @@ def test_an_agents_sampling_keeps_its_own_settings_and_takes_the_rest_from_the_d
     default = Sampling(temperature=0.7, top_p=0.9, repeat_penalty=1.3)
     assert Sampling(temperature=0.2).over(default) == Sampling(temperature=0.2, top_p=0.9, repeat_penalty=1.3)
     assert Sampling().over(default) == default
+
+
+class _KeepAliveServer:
+    """A real HTTP/1.1 server on loopback that answers `answered_per_connection` requests on
+    each connection with a short streamed reply, then closes the connection on the next one
+    without a word, as llama-server's close after a streamed reply meets a request sent in
+    that instant."""
+
+    REPLY = b'data: {"choices":[{"delta":{"content":"hi"}}]}\n\ndata: [DONE]\n\n'
+
+    def __init__(self, answered_per_connection: int) -> None:
+        self.answered_per_connection = answered_per_connection
+        self.connections = 0
+        self.requests = 0
+        self._server = None
+
+    async def __aenter__(self) -> str:
+        self._server = await asyncio.start_server(self._serve, "127.0.0.1", 0)
+        return f"http://127.0.0.1:{self._server.sockets[0].getsockname()[1]}"
+
+    async def __aexit__(self, *exc) -> None:
+        self._server.close()
+        await self._server.wait_closed()
+
+    async def _serve(self, reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
+        self.connections += 1
+        try:
+            for answered in range(self.answered_per_connection + 1):
+                head = await reader.readuntil(b"\r\n\r\n")
+                length = int(next(line.split(b":")[1] for line in head.split(b"\r\n")
+                                  if line.lower().startswith(b"content-length")))
+                await reader.readexactly(length)
+                self.requests += 1
+                if answered == self.answered_per_connection:
+                    break  # closed with the request unanswered
+                writer.write(b"HTTP/1.1 200 OK\r\nContent-Type: text/event-stream\r\n"
+                             b"Content-Length: %d\r\n\r\n%s" % (len(self.REPLY), self.REPLY))
+                await writer.drain()
+        except (asyncio.IncompleteReadError, ConnectionError):
+            pass
+        finally:
+            writer.close()
+
+
+async def _reply(engine: OpenAIChatLLMEngine) -> str:
+    return "".join([piece async for piece in engine.stream_chat([{"role": "user", "content": "hi"}], max_tokens=4)])
+
+
+async def test_a_request_the_server_drops_on_a_stale_pooled_connection_is_sent_again_on_a_fresh_one():
+    server = _KeepAliveServer(answered_per_connection=1)
+    async with server as url:
+        engine = OpenAIChatLLMEngine(OpenAIChatOptions(url))
+        try:
+            assert await _reply(engine) == "hi"
+            assert await _reply(engine) == "hi"  # its pooled connection drops it: sent again, answered
+        finally:
+            await engine.close()
+    assert (server.requests, server.connections) == (3, 2)
+
+
+async def test_a_server_that_drops_every_request_fails_it_after_one_resend():
+    server = _KeepAliveServer(answered_per_connection=0)
+    async with server as url:
+        engine = OpenAIChatLLMEngine(OpenAIChatOptions(url))
+        try:
+            with pytest.raises(WorkerUnavailableError, match="RemoteProtocolError"):
+                await _reply(engine)
+        finally:
+            await engine.close()
+    assert server.requests == 2

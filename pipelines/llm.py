@@ -12,17 +12,18 @@ import asyncio
 import logging
 from collections.abc import Callable
 
-from pipecat.frames.frames import Frame, LLMContextFrame, LLMFullResponseEndFrame, LLMFullResponseStartFrame
+from pipecat.frames.frames import (Frame, LLMContextFrame, LLMFullResponseEndFrame, LLMFullResponseStartFrame,
+                                   StartFrame)
 from pipecat.processors.aggregators.llm_context import LLMContext
 from pipecat.processors.frame_processor import FrameDirection
 from pipecat.services.llm_service import LLMService
 from pipecat.services.settings import LLMSettings
 
-from models.errors import CadenceError
+from models.errors import CadenceError, StalledError
 from models.base import ChatMessage, LLMEngine, Sampling
 from models.stalls import StallLimits, failure_kind
 from pipelines.knowledge_context import Passage, reference_message, sealed_dialogue
-from pipelines.reply import shaped_reply
+from pipelines.reply import prompt_chars, shaped_reply
 
 log = logging.getLogger(__name__)
 
@@ -114,6 +115,7 @@ class EngineLLMService(LLMService):
         self._stall_limits = stall_limits
         self._on_failed = on_failed
         self._warm_task: asyncio.Task | None = None
+        self._warm_chars = 0  # the prompt characters the running warm-up reads
         self._spoke = False  # this turn's reply has produced text
 
     def _window(self, messages: list[ChatMessage]) -> list[ChatMessage]:
@@ -121,6 +123,32 @@ class EngineLLMService(LLMService):
 
     def can_generate_metrics(self) -> bool:
         return True
+
+    async def start(self, frame: StartFrame) -> None:
+        await super().start(frame)
+        if self._system_prompt.strip():
+            # The call's every prompt starts with the agent's: have the engine read it now, while
+            # the caller is greeted or starts to speak, not in the first turn's wait (a long
+            # prompt read cold on a CPU is seconds; a cached one costs nothing).
+            self._start_warm([{"role": "system", "content": self._system_prompt}], name="llm-warm-prompt")
+
+    def _start_warm(self, messages: list[ChatMessage], *, name: str) -> None:
+        self._warm_chars = prompt_chars(messages)
+        self._warm_task = self.create_task(self._warm(messages), name=name)
+
+    async def _after_warm(self) -> None:
+        """A prefix still being warmed is the start of this request: wait for it, so the request
+        meets the cache it fills instead of a second, cold slot beside it. A warm-up that takes
+        longer than a request of its prompt may wait for its first token means a stuck model:
+        the turn fails as that request would have (StalledError), one deadline in, not two."""
+        task = self._warm_task
+        if task is None or task.done():
+            return
+        limit = self._stall_limits.for_request(self._warm_chars).first_s if self._stall_limits else None
+        done, _ = await asyncio.wait({task}, timeout=limit)
+        if not done:
+            await self.cancel_task(task)
+            raise StalledError(f"LLM reply: no first answer within {limit:.1f} s (the prompt's warm-up)")
 
     async def process_frame(self, frame: Frame, direction: FrameDirection) -> None:
         await super().process_frame(frame, direction)
@@ -148,6 +176,7 @@ class EngineLLMService(LLMService):
         history = list(context.get_messages())
         messages = self._window(history)
         await self.start_ttfb_metrics()
+        await self._after_warm()
         pieces = shaped_reply(self._engine, messages, passages=passages, sampling=self._sampling,
                               max_tokens=self._max_reply_tokens, max_sentences=self._max_reply_sentences,
                               system_prompt=self._system_prompt, on_redacted=self._on_redacted,
@@ -173,7 +202,7 @@ class EngineLLMService(LLMService):
         next_window = self._window(following)[:-1]
         if used_passages or next_window[: len(window)] != window:
             if self._warm_task is None or self._warm_task.done():
-                self._warm_task = self.create_task(self._warm(next_window), name="llm-warm-prefix")
+                self._start_warm(next_window, name="llm-warm-prefix")
 
     async def warm_for_passages(self, context: LLMContext, passages: list[Passage]) -> None:
         """The caller paused and passages for their question are ready: evaluate the prompt up

@@ -101,9 +101,14 @@ async def test_a_call_hears_a_fallback_when_the_llm_worker_dies_and_goes_on_once
         llm = server.app.state.engines.llm
         killed_at: list[float] = []
 
-        async def kill_when_the_reply_starts() -> None:
-            while llm.queue_depth == 0:
+        async def requests_open(opened: bool) -> None:
+            while (llm.queue_depth > 0) != opened:
                 await asyncio.sleep(0.005)
+
+        async def kill_when_the_reply_starts() -> None:
+            await requests_open(True)  # the LLM's first request: the agent's prompt, read as the call starts
+            await requests_open(False)
+            await requests_open(True)  # the reply
             os.kill(worker.process.pid, signal.SIGKILL)
             killed_at.append(time.monotonic())
 

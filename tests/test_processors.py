@@ -27,6 +27,7 @@ from pipecat.processors.frame_processor import FrameProcessor
 from pipecat.tests.utils import run_test
 
 from models.errors import CapacityError
+from models.stalls import StallLimits
 from pipelines.llm import CUT_SHORT_REPLY, FALLBACK_REPLY, EngineLLMService, prompt_window
 from pipelines.stt import CallerSpeechEndFrame, EngineSTTService, compression_ratio, is_plausible
 from pipelines.tts import EngineTTSService
@@ -65,6 +66,68 @@ async def test_llm_service_warms_the_next_prompt_only_when_the_history_window_mo
     await run_test(service, frames_to_send=[LLMContextFrame(full)])
     # Next turn: 7 dialogue messages, window of 4 starting at a step of 2 -> from "e" on.
     assert [m["content"] for m in engine.warmed[0]] == ["be brief", "e", "Sure."]
+
+
+class SlowWarmLLM(ScriptedLLM):
+    """A model whose prefix warm-up takes `warm_s` (a long prompt read on a CPU), or never ends
+    (`warm_s` None: a worker stuck while it reads). Records when each warm-up and request began and ended."""
+
+    def __init__(self, pieces, *, warm_s: float | None) -> None:
+        super().__init__(pieces)
+        self.warm_s = warm_s
+        self.events: list[str] = []
+
+    async def warm_prefix(self, messages):
+        self.events.append("warm started")
+        try:
+            await (asyncio.sleep(self.warm_s) if self.warm_s is not None else asyncio.Event().wait())
+        except asyncio.CancelledError:
+            self.events.append("warm cancelled")
+            raise
+        self.warmed.append(list(messages))
+        self.events.append("warm done")
+
+    async def stream_chat(self, messages, *, max_tokens, sampling=None):
+        self.events.append("request")
+        async for piece in super().stream_chat(messages, max_tokens=max_tokens, sampling=sampling):
+            yield piece
+
+
+async def test_the_agents_prompt_is_warmed_when_the_call_starts_and_the_first_request_waits_for_it():
+    engine = SlowWarmLLM(["We open at nine."], warm_s=0.3)
+    service = EngineLLMService(engine, max_reply_tokens=50, max_history_messages=4, system_prompt="be brief")
+    down, _ = await run_test(service, frames_to_send=[LLMContextFrame(context_with(("user", "hours?")))])
+    assert engine.warmed[0] == [{"role": "system", "content": "be brief"}]  # the prompt every request starts with
+    # The request met the warmed cache: it was sent once the warm-up was done, not beside it.
+    assert engine.events[:3] == ["warm started", "warm done", "request"]
+    assert "".join(f.text for f in down if isinstance(f, LLMTextFrame)) == "We open at nine."
+
+
+async def test_a_warm_up_stuck_past_the_first_tokens_deadline_fails_the_turn_at_that_deadline():
+    engine = SlowWarmLLM(["We open at nine."], warm_s=None)  # a worker stuck since the call began
+    service = EngineLLMService(engine, max_reply_tokens=50, max_history_messages=4, system_prompt="be brief",
+                               stall_limits=StallLimits(0.2, 0.2))
+    down, up = await run_test(service, frames_to_send=[LLMContextFrame(context_with(("user", "hours?")))])
+    assert engine.events == ["warm started", "warm cancelled"]  # given up, and no second wait on the same model
+    assert "".join(f.text for f in down if isinstance(f, LLMTextFrame)) == FALLBACK_REPLY
+    assert any(isinstance(f, ErrorFrame) and "no first answer within 0.2 s (the prompt's warm-up)" in f.error
+               for f in up)
+
+
+async def test_a_warm_up_that_reads_a_long_prompt_is_allowed_the_time_a_request_of_it_is():
+    engine = SlowWarmLLM(["We open at nine."], warm_s=0.4)  # longer than the plain deadline: a long prompt
+    service = EngineLLMService(engine, max_reply_tokens=50, max_history_messages=4, system_prompt="x" * 1000,
+                               stall_limits=StallLimits(0.2, 0.2, first_per_kchar_s=0.5))
+    down, _ = await run_test(service, frames_to_send=[LLMContextFrame(context_with(("user", "hours?")))])
+    assert engine.events[:3] == ["warm started", "warm done", "request"]
+    assert "".join(f.text for f in down if isinstance(f, LLMTextFrame)) == "We open at nine."
+
+
+async def test_an_agent_without_a_prompt_warms_nothing_at_the_start():
+    engine = ScriptedLLM(["Sure."])
+    await run_test(EngineLLMService(engine, max_reply_tokens=50, max_history_messages=4),
+                   frames_to_send=[LLMContextFrame(context_with(("user", "hi")))])
+    assert engine.warmed == []
 
 
 async def test_llm_service_turns_an_overloaded_engine_into_an_error_and_a_spoken_fallback():

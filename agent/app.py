@@ -32,6 +32,7 @@ from agent.http_util import bounded_body, error_for, error_response, parse_json
 from agent.events import TurnEvents
 from agent.health import Readiness, health_router, named_engines
 from agent.knowledge_wiring import Knowledge
+from agent.gc_pauses import GcPauseWatch, freeze_startup_objects
 from agent.loop_lag import LoopLagMonitor
 from agent.metrics import CadenceMetrics
 from agent.model_plane import ModelPlane, model_plane_for
@@ -52,10 +53,13 @@ FRONTEND_DIR = Path(__file__).resolve().parent.parent / "frontend"
 
 
 def create_app(config: CadenceConfig, *, engines: Engines | None = None, engines_loaded: bool = False,
-               environ: Mapping[str, str] | None = None) -> FastAPI:
+               environ: Mapping[str, str] | None = None, freeze_after_load: bool = False) -> FastAPI:
     """`engines` may be passed in already loaded (tests share one set across apps).
     A bad agent file raises ConfigError here, naming the file and the field: startup stops.
-    `environ` (default: the process's) supplies API keys and the Twilio auth token."""
+    `environ` (default: the process's) supplies API keys and the Twilio auth token.
+    `freeze_after_load`: once loaded, take what startup made out of the garbage collector's
+    scans (agent/gc_pauses.py); for a process that is this server alone (the CLI), not for one
+    that runs several apps one after another (tests)."""
     environ = os.environ if environ is None else environ
     owns_engines = engines is None  # engines passed in belong to the caller (tests share them)
     plane = model_plane_for(config) if owns_engines else ModelPlane()
@@ -83,6 +87,7 @@ def create_app(config: CadenceConfig, *, engines: Engines | None = None, engines
     for name, engine in by_role.items():
         metrics.track_queue_depth(name, lambda e=engine: e.queue_depth)
     loop_lag = LoopLagMonitor(on_sample=metrics.event_loop_lag_probes.observe)
+    gc_pauses = GcPauseWatch(lambda generation, seconds: metrics.gc_pause_seconds.labels(str(generation)).observe(seconds))
     metrics.track_event_loop_lag(lambda: loop_lag.latest_s, loop_lag.max_recent_s)
     started_at = time.monotonic()
 
@@ -95,6 +100,8 @@ def create_app(config: CadenceConfig, *, engines: Engines | None = None, engines
                     role for role, each in by_role.items() if each is engine))
             # File agents' documents: ingested once (unchanged files are skipped), before calls.
             await knowledge.sync_file_agents(agent_files)
+            if freeze_after_load:
+                log.info("%d startup objects frozen out of the garbage collector's scans", freeze_startup_objects())
             readiness.ready.set()
             log.info("models loaded; ready for calls")
         except Exception as exc:
@@ -107,11 +114,13 @@ def create_app(config: CadenceConfig, *, engines: Engines | None = None, engines
         await agents.open()
         await knowledge.open()
         loop_lag.start()  # stopped below, however the server ends
+        gc_pauses.install()
         loader = asyncio.create_task(load_models(), name="load-models")
         try:
             yield
         finally:
             await loop_lag.stop()
+            gc_pauses.uninstall()
             events.close()
             loader.cancel()
             await asyncio.gather(loader, return_exceptions=True)

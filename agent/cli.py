@@ -118,7 +118,7 @@ def main(argv: list[str] | None = None) -> int:
         if args.log_level.upper() != "DEBUG":  # at INFO, a line per llama-server health probe (every 2 s)
             logging.getLogger("httpx").setLevel(logging.WARNING)
         _quiet_loguru(args.log_level)
-        app = create_app(config)  # reads the agent files: a bad one stops startup here
+        app = create_app(config, freeze_after_load=True)  # reads the agent files: a bad one stops startup here
     except ConfigError as exc:
         print(f"cadence: {exc}", file=sys.stderr)
         return 2

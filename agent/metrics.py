@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import gc
 import os
 import threading
 from collections.abc import Callable
@@ -119,6 +120,12 @@ class CadenceMetrics:
         self.event_loop_lag_probes = Histogram(
             "cadence_event_loop_lag_probe_seconds", "Every event-loop lag probe: how late its timer fired",
             buckets=_LOOP_LAG_BUCKETS, registry=self.registry)
+        # Every collection holds the GIL, and so the event loop: a pause is lag (agent/gc_pauses.py).
+        self.gc_pause_seconds = Histogram(
+            "cadence_gc_pause_seconds", "Python's cyclic garbage collector: how long each collection took",
+            ["generation"], buckets=_LOOP_LAG_BUCKETS, registry=self.registry)
+        Gauge("cadence_gc_frozen_objects", "Objects taken out of the garbage collector's scans once the server loaded",
+              registry=self.registry).set_function(gc.get_freeze_count)
 
     def observe_transcription(self, status: str, result: dict | None) -> None:
         self.transcriptions.labels(status).inc()

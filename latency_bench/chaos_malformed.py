@@ -31,7 +31,7 @@ from latency_bench import twilio_caller
 from latency_bench.chaos_admission import REFUSED_RETRIES, REFUSED_RETRY_S, connect_admitted, start_event, ws_url
 from latency_bench.conversation import plan_caller
 from latency_bench.malformed_messages import Fault, faults
-from latency_bench.server_figures import loop_probes_later_than
+from latency_bench.server_figures import full_collections, loop_probes_later_than
 from latency_bench.stats import percentile
 
 CLOSE_PROTOCOL_ERROR, CLOSE_NOT_UTF8, CLOSE_POLICY, CLOSE_TRY_LATER = 1002, 1007, 1008, 1013
@@ -300,6 +300,7 @@ async def run(base_url: str, *, messages: int, budget: int, turns: int, seed: in
     log_from = log.stat().st_size if log is not None and log.exists() else 0
     async with httpx.AsyncClient(base_url=base_url, timeout=10) as http:
         stalls_before = await loop_probes_later_than(http, LOOP_STALL_S)
+        collections_before = await full_collections(http)
     started = time.monotonic()
     clean = asyncio.create_task(_clean_call(base_url, turns, seed))
     realtime_faults = faults("realtime", messages // 2, seed=seed)
@@ -316,11 +317,15 @@ async def run(base_url: str, *, messages: int, budget: int, turns: int, seed: in
     async with httpx.AsyncClient(base_url=base_url, timeout=10) as http:
         healthy = (await http.get("/healthz")).status_code == 200
         loop_stalls = await loop_probes_later_than(http, LOOP_STALL_S) - stalls_before
+        collections, slow_collections = (after - before for after, before in
+                                         zip(await full_collections(http), collections_before))
     return {"messages": messages, "bursts": FUZZ_BURSTS, "budget": budget, "fuzz_seconds": round(fuzz_s, 1),
             "clean_call_seconds": round(call_s, 1),
             "realtime": summarize(realtime), "twilio": summarize(twilio), "server_healthy_after": healthy,
             "errors_logged": errors_logged(log, log_from),
             # An answer slower than 100 ms with no stall here was held up outside the server's loop.
             "server_loop_stalls_over_100ms": int(loop_stalls),
+            # Each holds the GIL, the loop with it (agent/gc_pauses.py).
+            "server_full_gc": {"collections": int(collections), "over_50ms": int(slow_collections)},
             "clean_call": {"turns": turns, "baseline_ttfs_ms": baseline, "alongside_ttfs_ms": alongside,
                            "baseline_p95": percentile(baseline, 95), "alongside_p95": percentile(alongside, 95)}}

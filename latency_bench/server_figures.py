@@ -54,16 +54,32 @@ async def metric_by_labels(http: httpx.AsyncClient, name: str) -> dict[str, floa
 
 
 LOOP_LAG_PROBES = "cadence_event_loop_lag_probe_seconds"
+GC_PAUSES = "cadence_gc_pause_seconds"
+FULL_COLLECTION = "2"  # the collector's oldest generation: a full collection
+
+
+async def observations_over(http: httpx.AsyncClient, histogram: str, seconds: float, **labels: str) -> float:
+    """How many observations of the server's `histogram` (with `labels`) so far were over
+    `seconds`, which must be one of its bucket bounds. 0 while it has none."""
+    samples = metric_samples((await http.get("/metrics")).text)
+    count = samples.get((f"{histogram}_count", frozenset(labels.items())))
+    if count is None:
+        return 0.0
+    within = samples.get((f"{histogram}_bucket", frozenset({**labels, "le": str(seconds)}.items())))
+    if within is None:
+        raise ValueError(f"{seconds} s is not a bucket bound of {histogram}")
+    return count - within
 
 
 async def loop_probes_later_than(http: httpx.AsyncClient, seconds: float) -> float:
-    """How many of the server's event-loop lag probes so far fired more than `seconds` late
-    (`seconds` must be one of the histogram's bucket bounds: 0.005 ... 5)."""
-    samples = metric_samples((await http.get("/metrics")).text)
-    within = samples.get((f"{LOOP_LAG_PROBES}_bucket", frozenset({("le", str(seconds))})))
-    if within is None:
-        raise ValueError(f"{seconds} s is not a bucket bound of {LOOP_LAG_PROBES}")
-    return samples[(f"{LOOP_LAG_PROBES}_count", frozenset())] - within
+    """How many of the server's event-loop lag probes so far fired more than `seconds` late."""
+    return await observations_over(http, LOOP_LAG_PROBES, seconds)
+
+
+async def full_collections(http: httpx.AsyncClient, *, over_s: float = 0.05) -> tuple[float, float]:
+    """The server's full garbage collections so far, and how many of them took over `over_s`."""
+    total = await metric_value(http, f"{GC_PAUSES}_count", generation=FULL_COLLECTION)
+    return total, await observations_over(http, GC_PAUSES, over_s, generation=FULL_COLLECTION)
 
 
 async def process_figures(http: httpx.AsyncClient) -> dict[str, float]:

@@ -8,8 +8,8 @@ from prometheus_client import CollectorRegistry, Counter, Gauge, generate_latest
 import pytest
 
 from agent.metrics import CadenceMetrics
-from latency_bench.server_figures import (loop_probes_later_than, metric_by_labels, metric_samples, metric_value,
-                                          poll_until)
+from latency_bench.server_figures import (full_collections, loop_probes_later_than, metric_by_labels, metric_samples,
+                                          metric_value, poll_until)
 
 
 def exposition() -> str:
@@ -61,6 +61,21 @@ async def test_loop_stalls_are_counted_from_the_servers_own_lag_histogram():
         assert await loop_probes_later_than(http, 0.05) == 3
         with pytest.raises(ValueError, match="not a bucket bound"):
             await loop_probes_later_than(http, 0.07)
+
+
+async def test_full_collections_are_counted_from_the_servers_gc_pause_histogram():
+    metrics = CadenceMetrics()
+    text = generate_latest(metrics.registry).decode()
+    transport = httpx.MockTransport(lambda request: httpx.Response(200, text=text))
+    async with httpx.AsyncClient(transport=transport, base_url="http://server") as http:
+        assert await full_collections(http) == (0, 0)  # none yet: no samples at all
+    for generation, pause in ((0, 0.001), (2, 0.004), (2, 0.057), (2, 0.2), (1, 0.3)):
+        metrics.gc_pause_seconds.labels(str(generation)).observe(pause)
+    text = generate_latest(metrics.registry).decode()
+    transport = httpx.MockTransport(lambda request: httpx.Response(200, text=text))
+    async with httpx.AsyncClient(transport=transport, base_url="http://server") as http:
+        assert await full_collections(http) == (3, 2)
+        assert await full_collections(http, over_s=0.1) == (3, 1)
 
 
 async def test_poll_until_takes_plain_and_coroutine_conditions():

@@ -38,7 +38,7 @@ def main() -> int:
                                     shutdown_grace_seconds=args.grace))
     engines = Engines(asr=ScriptedASR("hi"), llm=ScriptedLLM(["Hello there."]), tts=ToneTTS(),
                       embedder=HashingEmbedder())
-    app = create_app(config, engines=engines, engines_loaded=True, environ={})
+    app = create_app(config, engines=engines, engines_loaded=True, environ={}, freeze_after_load=True)
     sock = socket.socket(socket.AF_INET, socket.SOCK_STREAM)
     sock.bind(("127.0.0.1", 0))
     server = cadence_server(app, config, log_level="info", lifespan="on")

@@ -3,13 +3,14 @@ arena on and off, and how soon the long sentence's first audio comes.
 
     python -m latency_bench.tts_memory [--config configs/default.yaml] [--repeats 3] [--max-run-chars N]
 
-Each mode runs in a fresh process: the config's Piper voice loaded and warmed up, short
-sentences said until its memory settles, then one run-on sentence of ~55 words (the kind a
-small LLM writes as one sentence, up to max_reply_tokens), then the short sentences again.
-Printed per mode: resident memory after the short sentences, after the long one and after the
-short ones again, and the CPU seconds per short sentence (the median over `repeats` rounds).
-What the arena keeps after the long sentence stays for the life of the process: that is the
-figure an operator plans memory by. Linux only (/proc/self/status).
+Each mode runs in a fresh process: the config's Piper voice loaded and warmed up as the server
+does it (with the arena, on a run as long as `max_run_chars`), short sentences said until its
+memory settles, then one run-on sentence of ~55 words (the kind a small LLM writes as one
+sentence, up to max_reply_tokens), then the short sentences again. Printed per mode: resident
+memory after the short sentences, after the long one and after the short ones again, and the
+CPU seconds per short sentence (the median over `repeats` rounds). What the arena gains after
+the long sentence stays for the life of the process, on top of what the loaded voice showed:
+the step an operator's memory graph would show mid-call. Linux only (/proc/self/status).
 """
 
 from __future__ import annotations

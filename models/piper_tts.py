@@ -36,10 +36,11 @@ class PiperOptions:
     chunk_seconds: float = 0.2
     # ONNX Runtime's CPU arena keeps, for good, what the longest run so far needed: a run-on
     # sentence of ~55 words said in one run held +310 MB from then on, in runs of 120 characters
-    # +115 MB. Off, each sentence's memory goes back when it is done (the C heap trimmed after
-    # it), for ~20-25 % more CPU per sentence (python -m latency_bench.tts_memory). On by
-    # default: the TTS's CPU is in every reply's first audio, and the arena's high-water is
-    # bounded by the longest run (max_run_chars).
+    # +115 MB; the warm-up says such a run, so the loaded voice holds it from the start. Off,
+    # each sentence's memory goes back when it is done (the C heap trimmed after it), for
+    # ~25-35 % more CPU per sentence (python -m latency_bench.tts_memory). On by default: the
+    # TTS's CPU is in every reply's first audio, and the arena's high-water is bounded by the
+    # longest run (max_run_chars).
     cpu_mem_arena: bool = True
     # A sentence longer than this is said in pieces cut at clause breaks (models/long_text.py):
     # Piper says a whole sentence in one run before any of it plays, so a run-on sentence left
@@ -67,7 +68,11 @@ class PiperTTSEngine(RunnerLoad, TTSEngine):
         self.sample_rate = self._voice.config.sample_rate
 
     def warm_up(self) -> None:
-        for _ in self._synthesize_blocking("Hello.", threading.Event()):
+        # With the arena, the longest run the voice will ever be given: the arena reaches what
+        # it will hold for good now, so the memory a loaded server shows is what it keeps, not
+        # a step in the middle of some later call.
+        text = _longest_run(self._config.max_run_chars) if self._config.cpu_mem_arena else "Hello."
+        for _ in self._synthesize_blocking(text, threading.Event()):
             pass
 
     def synthesize(self, text: str) -> AsyncIterator[bytes]:
@@ -95,6 +100,22 @@ class PiperTTSEngine(RunnerLoad, TTSEngine):
     async def close(self) -> None:
         self._runner.shutdown()
         self._voice = None
+
+
+# Long words: more phonemes per character than everyday text, so the warm-up's run is as
+# heavy as a reply's run of the same length gets (the arena grows with phonemes, not characters).
+_WARM_UP_WORDS = ("international associations authenticate certificates electronically "
+                  "communicating confidentiality responsibilities comprehensively").split()
+
+
+def _longest_run(max_chars: int) -> str:
+    """Words, as many as fit in one run of `max_chars` characters."""
+    text = ""
+    for word in _WARM_UP_WORDS * (max_chars // 2):
+        if len(text) + 1 + len(word) > max_chars:
+            break
+        text = f"{text} {word}".strip()
+    return text
 
 
 def _load_voice(voice_class: Any, path: Path, *, cpu_mem_arena: bool) -> Any:

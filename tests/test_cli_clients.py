@@ -79,3 +79,13 @@ def test_serve_refuses_a_public_address_without_keys(monkeypatch, capsys):
     monkeypatch.setenv("CADENCE_API_KEYS", "short")
     assert cli.main(["serve", "--host", "0.0.0.0", "--port", "1"]) == 2  # a bad key is a config error
     assert "shorter than 16" in capsys.readouterr().err
+
+
+def test_the_servers_log_keeps_pipecats_warnings_but_the_stop_secs_advice_that_does_not_apply():
+    script = ("from agent.cli import _quiet_loguru; from loguru import logger; _quiet_loguru('info'); "
+              "logger.warning('EagerSpeechTimeoutStopStrategy#0: VAD stop_secs (1.0s) differs from the recommended "
+              "default (0.2s).'); logger.warning('a real warning'); logger.debug('a frame went by')")
+    logged = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True, timeout=60, cwd=REPO_ROOT,
+                            check=True).stderr
+    assert "a real warning" in logged
+    assert "stop_secs" not in logged and "a frame went by" not in logged

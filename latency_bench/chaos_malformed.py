@@ -31,7 +31,7 @@ from latency_bench import twilio_caller
 from latency_bench.chaos_admission import REFUSED_RETRIES, REFUSED_RETRY_S, connect_admitted, start_event, ws_url
 from latency_bench.conversation import plan_caller
 from latency_bench.malformed_messages import Fault, faults
-from latency_bench.server_figures import full_collections, loop_probes_later_than
+from latency_bench.server_figures import LOOP_STALL_S, full_collections, loop_probes_later_than
 from latency_bench.stats import percentile
 
 CLOSE_PROTOCOL_ERROR, CLOSE_NOT_UTF8, CLOSE_POLICY, CLOSE_TRY_LATER = 1002, 1007, 1008, 1013
@@ -44,7 +44,6 @@ ANSWER_WAIT_S = 5.0
 # more message faults per path (1,000 / 2 / 4 = 125) than limits.max_bad_messages (50), so the
 # close at the budget is reached in every one.
 FUZZ_BURSTS = 4
-LOOP_STALL_S = 0.1  # a server event-loop stall this long would make an answer late by itself
 
 
 @dataclass(frozen=True)

@@ -26,7 +26,7 @@ from latency_bench import twilio_caller
 from latency_bench.chaos_admission import ws_url
 from latency_bench.conversation import PlannedTurn
 from latency_bench.listen import TurnRecord
-from latency_bench.server_figures import process_figures
+from latency_bench.server_figures import LOOP_STALL_S, full_collections, loop_probes_later_than, process_figures
 from latency_bench.speech import available_voices, speak_as
 from latency_bench.stats import percentile
 
@@ -95,12 +95,17 @@ async def run(base_url: str, *, minutes: float, warmup_minutes: float, sample_ev
                                         stop_when=lambda: time.monotonic() >= ends_at)
 
     async with httpx.AsyncClient(base_url=base_url, timeout=30) as http:
+        collections_before = await full_collections(http)
+        stalls_before = await loop_probes_later_than(http, LOOP_STALL_S)
         sampler = asyncio.create_task(sample(http))
         try:
             results = await asyncio.gather(*(caller(n, rate) for n, rate in enumerate(rates)))
         finally:
             stop.set()
             await sampler
+        collections, slow_collections = (after - before for after, before in
+                                         zip(await full_collections(http), collections_before))
+        loop_stalls = await loop_probes_later_than(http, LOOP_STALL_S) - stalls_before
     per_caller = []
     for result, rate in zip(results, rates):
         answered = [t for t in result.turns if t.first_audible_at is not None]
@@ -113,7 +118,10 @@ async def run(base_url: str, *, minutes: float, warmup_minutes: float, sample_ev
     return {"minutes": minutes, "warmup_minutes": warmup_minutes, "ran_minutes": round((time.monotonic() - started) / 60, 1),
             "rss_samples": [(round(s), round(mb, 1)) for s, mb in samples],
             "rss_growth_mb_per_10_min": (round(g, 2) if (g := growth_mb_per_10_min(samples)) is not None else None),
-            "callers": per_caller}
+            "callers": per_caller,
+            # What held the server's event loop (and every caller's audio) meanwhile.
+            "server_loop_stalls_over_100ms": int(loop_stalls),
+            "server_full_gc": {"collections": int(collections), "over_50ms": int(slow_collections)}}
 
 
 def judge(f: dict) -> dict:
@@ -134,5 +142,8 @@ def judge(f: dict) -> dict:
                            f"{MAX_GROWTH_MB_PER_10_MIN:g} MB per 10 min at most after {f['warmup_minutes']:g} min, "
                            f"reply lag drifting {MAX_DRIFT_MS:g} ms at most, no underruns, every turn answered",
             "measured": f"memory {growth if growth is not None else '?'} MB per 10 min after warm-up "
-                        f"({len(f['rss_samples'])} samples); {per_caller}",
+                        f"({len(f['rss_samples'])} samples); {per_caller}"
+                        + (f"; server loop stalls over 100 ms: {f['server_loop_stalls_over_100ms']}, full garbage "
+                           f"collections: {f['server_full_gc']['collections']} ({f['server_full_gc']['over_50ms']} "
+                           "over 50 ms)" if "server_full_gc" in f else ""),
             "passed": passed, "figures": f}

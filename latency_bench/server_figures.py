@@ -54,6 +54,7 @@ async def metric_by_labels(http: httpx.AsyncClient, name: str) -> dict[str, floa
 
 
 LOOP_LAG_PROBES = "cadence_event_loop_lag_probe_seconds"
+LOOP_STALL_S = 0.1  # a server event-loop stall this long is an audible gap, and a late answer by itself
 GC_PAUSES = "cadence_gc_pause_seconds"
 FULL_COLLECTION = "2"  # the collector's oldest generation: a full collection
 

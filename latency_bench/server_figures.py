@@ -59,10 +59,9 @@ GC_PAUSES = "cadence_gc_pause_seconds"
 FULL_COLLECTION = "2"  # the collector's oldest generation: a full collection
 
 
-async def observations_over(http: httpx.AsyncClient, histogram: str, seconds: float, **labels: str) -> float:
-    """How many observations of the server's `histogram` (with `labels`) so far were over
-    `seconds`, which must be one of its bucket bounds. 0 while it has none."""
-    samples = metric_samples((await http.get("/metrics")).text)
+def _over(samples: dict[tuple[str, frozenset], float], histogram: str, seconds: float, **labels: str) -> float:
+    """How many observations of `histogram` (with `labels`) in `samples` were over `seconds`,
+    which must be one of its bucket bounds. 0 while it has none."""
     count = samples.get((f"{histogram}_count", frozenset(labels.items())))
     if count is None:
         return 0.0
@@ -74,13 +73,15 @@ async def observations_over(http: httpx.AsyncClient, histogram: str, seconds: fl
 
 async def loop_probes_later_than(http: httpx.AsyncClient, seconds: float) -> float:
     """How many of the server's event-loop lag probes so far fired more than `seconds` late."""
-    return await observations_over(http, LOOP_LAG_PROBES, seconds)
+    return _over(metric_samples((await http.get("/metrics")).text), LOOP_LAG_PROBES, seconds)
 
 
 async def full_collections(http: httpx.AsyncClient, *, over_s: float = 0.05) -> tuple[float, float]:
-    """The server's full garbage collections so far, and how many of them took over `over_s`."""
-    total = await metric_value(http, f"{GC_PAUSES}_count", generation=FULL_COLLECTION)
-    return total, await observations_over(http, GC_PAUSES, over_s, generation=FULL_COLLECTION)
+    """The server's full garbage collections so far, and how many of them took over `over_s`
+    (one read of its /metrics)."""
+    samples = metric_samples((await http.get("/metrics")).text)
+    total = samples.get((f"{GC_PAUSES}_count", frozenset({("generation", FULL_COLLECTION)})), 0.0)
+    return total, _over(samples, GC_PAUSES, over_s, generation=FULL_COLLECTION)
 
 
 async def process_figures(http: httpx.AsyncClient) -> dict[str, float]:

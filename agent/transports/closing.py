@@ -8,11 +8,14 @@ the transport and puts the call's end reason into that close.
 
 from __future__ import annotations
 
+import logging
 from collections.abc import Callable
 
-from fastapi import WebSocket
+from fastapi import WebSocket, WebSocketDisconnect
 
 from agent.calls import ActiveCall
+
+log = logging.getLogger(__name__)
 
 MAX_REASON_BYTES = 123  # RFC 6455: a close frame's payload is 125 bytes, 2 of them the code
 CLOSE_NORMAL, CLOSE_GOING_AWAY = 1000, 1001
@@ -50,7 +53,14 @@ class ExplainedClose:
     async def close(self, code: int = CLOSE_NORMAL, reason: str | None = None) -> None:
         if code == CLOSE_NORMAL and not reason:
             code, reason = self._explain() or (code, reason)
-        await self._websocket.close(code=code, reason=close_reason(reason or ""))
+        try:
+            await self._websocket.close(code=code, reason=close_reason(reason or ""))
+        except WebSocketDisconnect:
+            # The caller's side closed as ours did (a hang-up the instant the call ended; uvicorn's
+            # ClientDisconnected, as Starlette raises it): the close has nobody left to reach.
+            # Pipecat would log it as an ERROR with an empty message, paging an operator for an
+            # ordinary hang-up.
+            log.debug("close %d: the peer had already gone", code)
 
 
 def for_call(websocket: WebSocket, call: ActiveCall, *, max_call_s: float) -> ExplainedClose:

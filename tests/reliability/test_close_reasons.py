@@ -10,7 +10,11 @@ import httpx
 import pytest
 import websockets
 
-from agent.transports.closing import MAX_REASON_BYTES, close_for, close_reason
+from pipecat.transports.websocket.fastapi import FastAPIWebsocketCallbacks, FastAPIWebsocketClient
+from starlette.websockets import WebSocket
+from uvicorn.protocols.utils import ClientDisconnected
+
+from agent.transports.closing import MAX_REASON_BYTES, ExplainedClose, close_for, close_reason
 from pipelines.voice import Engines
 from tests.conftest import running_server
 from tests.fakes import HashingEmbedder, ScriptedASR, ScriptedLLM, ToneTTS
@@ -72,4 +76,33 @@ async def test_a_realtime_session_past_the_budget_says_what_the_last_fault_was(s
             await ws.send(json.dumps({"type": GRIN * 40}))
         code, reason = await closed_with(ws)
     assert code == 1008 and reason.startswith("too many invalid events; last: event type")
+    assert server_errors == []
+
+
+async def _accepted_socket_whose_peer_is_gone() -> WebSocket:
+    """A Starlette socket, accepted, over an ASGI `send` that refuses the close as uvicorn's does
+    when the client's side of the connection has already closed."""
+    async def receive():
+        return {"type": "websocket.connect"}
+
+    async def send(message):
+        if message["type"] == "websocket.close":
+            raise ClientDisconnected()
+
+    websocket = WebSocket({"type": "websocket", "path": "/ws/twilio", "headers": []}, receive, send)
+    await websocket.accept()
+    return websocket
+
+
+async def test_a_caller_who_hangs_up_as_the_server_closes_is_no_error(server_errors):
+    """Found by CI's three-minute soak: a caller hung up in the instant the server closed its call,
+    and pipecat logged the failed close as an ERROR with an empty message."""
+    async def ignored(_websocket):
+        return None
+
+    socket = ExplainedClose(await _accepted_socket_whose_peer_is_gone(), lambda: None)
+    client = FastAPIWebsocketClient(socket, FastAPIWebsocketCallbacks(
+        on_client_connected=ignored, on_client_disconnected=ignored, on_session_timeout=ignored))
+    await client.setup(None)
+    await client.disconnect()
     assert server_errors == []

@@ -14,8 +14,9 @@ import httpx
 import pytest
 import websockets
 
-from latency_bench.chaos_malformed import (CLOSE_NOT_UTF8, CLOSE_POLICY, CLOSE_PROTOCOL_ERROR, Outcome,
-                                           fuzz_realtime, fuzz_twilio, wrong_answers)
+from latency_bench.chaos_malformed import wrong_answers
+from latency_bench.malformed_fuzzer import (CLOSE_NOT_UTF8, CLOSE_POLICY, CLOSE_PROTOCOL_ERROR, Outcome, fuzz_realtime,
+                                            fuzz_twilio, in_child_process)
 from latency_bench.malformed_messages import FRAME_KINDS, MESSAGE_KINDS, Fault, client_frame, faults
 from pipelines.voice import Engines
 from tests.conftest import running_server
@@ -76,6 +77,15 @@ async def test_twilio_drops_faults_within_the_budget_and_closes_past_it(server, 
     assert bystander.close_code is None
     await bystander.send(json.dumps({"event": "stop"}))
     await closed_with(bystander)
+    assert server_errors == []
+
+
+async def test_the_fuzzer_in_a_process_of_its_own_brings_back_every_outcome(server, server_errors):
+    realtime, twilio = await in_child_process(server.base_url, messages=60, budget=BUDGET, seed=2, spread_s=0.0)
+    assert len(realtime) == 30 and all(o.protocol == "realtime" for o in realtime)
+    # twilio: one outcome per fault, but a call that hits the budget stops taking its chunk's spares
+    assert 0 < len(twilio) <= 30 and all(o.protocol == "twilio" for o in twilio)
+    _check(realtime + twilio)
     assert server_errors == []
 
 

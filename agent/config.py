@@ -172,9 +172,11 @@ class ModelDeadlines:
     asr_seconds: float = 3.0
     asr_per_audio_second: float = 0.5
     # A reply's first token (queueing and prompt evaluation included), then between tokens.
-    # The first token's deadline grows by llm_first_token_per_1k_prompt_chars for every 1,000
-    # characters of the prompt (system prompt, passages, dialogue): a long agent prompt is
-    # evaluated before the first token, and a model evaluating a prompt is not stuck.
+    # A long agent prompt is evaluated before the first token, and a model evaluating a prompt
+    # is not stuck: where the server reports its progress through the prompt (llama-server),
+    # each report restarts the first token's deadline; where it does not, the deadline grows by
+    # llm_first_token_per_1k_prompt_chars for every 1,000 characters of the prompt (system
+    # prompt, passages, dialogue).
     llm_first_token_seconds: float = 6.0
     llm_first_token_per_1k_prompt_chars: float = 1.5
     llm_token_gap_seconds: float = 3.0

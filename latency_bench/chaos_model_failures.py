@@ -178,8 +178,10 @@ class FaultInjector:
         return None
 
 
-# The server's line when it gives up on a reply's first token; the deadline in it grows with the
-# prompt (deadlines.llm_first_token_per_1k_prompt_chars), which only the server knows.
+# The server's line when it gives up on a reply's first token, counted from the request or from
+# llama-server's last report of progress through the prompt (for a server that reports none, the
+# deadline grows with the prompt: deadlines.llm_first_token_per_1k_prompt_chars); only the server
+# knows when that was.
 _LLM_STALL = re.compile(r"^(\d{4}-\d\d-\d\d \d\d:\d\d:\d\d[.,]\d{3}) .*LLM reply: no first answer within ([0-9.]+) s",
                         re.MULTILINE)
 

@@ -57,7 +57,9 @@ async def _first_piece_ms(engine, max_tokens: int = 4) -> float:
     start = time.perf_counter()
     stream = engine.stream_chat(MESSAGES, max_tokens=max_tokens, sampling=Sampling(temperature=0.0))
     try:
-        await stream.__anext__()
+        async for piece in stream:
+            if piece:  # not llama-server's progress through the prompt
+                break
         return (time.perf_counter() - start) * 1000
     finally:
         await stream.aclose()

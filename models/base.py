@@ -113,11 +113,17 @@ class LLMEngine(Engine):
     # The tokens one conversation's prompt and reply may hold together at this engine (its
     # context per stream); None where the engine does not say. Prompts are sized to it.
     context_tokens: int | None = None
+    # True where stream_chat also yields "" while the engine reads the prompt, when it starts and
+    # after each batch (llama-server's prompt progress): a sign the model is working, carrying no
+    # text. A deadline on the first piece then restarts at each report instead of growing with
+    # the prompt's length by a guess at the hardware's speed.
+    reports_prompt_progress: bool = False
 
     @abstractmethod
     def stream_chat(self, messages: Sequence[ChatMessage], *, max_tokens: int,
                     sampling: Sampling | None = None) -> AsyncIterator[str]:
-        """Streams reply text pieces. Closing the iterator early stops generation."""
+        """Streams reply text pieces ("" for prompt progress where reports_prompt_progress).
+        Closing the iterator early stops generation."""
 
     async def warm_prefix(self, messages: Sequence[ChatMessage]) -> None:
         """Hint: the next prompt will start with `messages`; an engine with a prefix cache may

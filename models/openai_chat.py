@@ -96,6 +96,7 @@ class OpenAIChatLLMEngine(LLMEngine):
     def __init__(self, options: OpenAIChatOptions) -> None:
         self.options = options
         self.context_tokens = options.context_tokens
+        self.reports_prompt_progress = options.dialect == "llama-server"  # its `return_progress`
         self._replicas = ReplicaSet(replica_urls(options.urls, "LLM server"), cool_off_s=options.cool_off_s)
         # A conversation leaves its home replica once that has its share of the replies open.
         self._busy_at = options.max_in_flight / len(options.urls)
@@ -154,6 +155,9 @@ class OpenAIChatLLMEngine(LLMEngine):
                 body["repetition_penalty"] = chosen.repeat_penalty
         if self.options.dialect == "llama-server":
             body["cache_prompt"] = True  # reuse the slot's KV cache for the common prefix
+            # An event when the slot starts on the prompt and after each batch of it: proof of
+            # life while a long prompt is read (streamed as "", reports_prompt_progress).
+            body["return_progress"] = True
         if self.options.use_priority and self.options.dialect == "vllm":
             body["priority"] = priority
         return body
@@ -184,6 +188,8 @@ class OpenAIChatLLMEngine(LLMEngine):
                 async for raw in response.aiter_text():
                     for event in parser.feed(raw):
                         piece = _content_of(event)
+                        if not piece and "prompt_progress" in event:
+                            yield ""  # still reading the prompt
                         if piece:
                             if not started:
                                 started = True

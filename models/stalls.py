@@ -39,15 +39,20 @@ class StallLimits:
                        first_per_kchar_s=0.0)
 
 
-async def without_stalls(stream: AsyncIterator[T], limits: StallLimits | None, *, what: str) -> AsyncIterator[T]:
+async def without_stalls(stream: AsyncIterator[T], limits: StallLimits | None, *, what: str,
+                         progress: T | None = None) -> AsyncIterator[T]:
     """`stream`'s items, or StalledError naming `what` once one is late. The stream is closed
-    either way (a remote engine then cancels its request). `limits` None: no deadline."""
+    either way (a remote engine then cancels its request). `limits` None: no deadline.
+    An item equal to `progress` (an engine's report that it is still reading the request)
+    starts the first item's deadline again: each report must come within first_s of the
+    last, and the gap limit applies from the first other item on."""
     try:
         if limits is None:
             async for item in stream:
                 yield item
             return
         first = True
+        reading = False  # the engine has reported progress through the request
         while True:
             within = limits.first_s if first else limits.next_s
             try:
@@ -57,9 +62,13 @@ async def without_stalls(stream: AsyncIterator[T], limits: StallLimits | None, *
                 return
             except TimeoutError:
                 which = "first answer" if first else "next piece"
-                raise StalledError(f"{what}: no {which} within {within:.1f} s") from None
+                since = " of its last progress" if reading else ""
+                raise StalledError(f"{what}: no {which} within {within:.1f} s{since}") from None
             yield item
-            first = False
+            if first and progress is not None and item == progress:
+                reading = True
+            else:
+                first = False
     finally:
         aclose = getattr(stream, "aclose", None)
         if aclose is not None:

@@ -33,16 +33,20 @@ async def shaped_reply(engine: LLMEngine, messages: Sequence[ChatMessage], *, pa
                        stall_limits: StallLimits | None = None) -> AsyncIterator[str]:
     """Streams the reply's text. Closing it early (barge-in) stops generation on the engine.
     An engine that goes quiet past `stall_limits` (its first token's limit grown by the prompt's
-    length: StallLimits.for_request) ends it with StalledError."""
+    length, StallLimits.for_request, or restarted by each report of progress through it) ends it
+    with StalledError."""
     # With no cap and nothing to guard, pieces pass exactly as the engine streams them.
     budget = SentenceBudget(max_sentences) if max_sentences > 0 else None
     guard = PromptLeakGuard(system_prompt) if system_prompt.strip() else None
     markup = MarkupStop(FENCE_MARKERS) if passages else None
     request = with_references(messages, passages)
-    if stall_limits is not None:  # the allowance is for what the engine must read: the whole prompt
+    progress = "" if engine.reports_prompt_progress else None
+    if stall_limits is not None and progress is None:
+        # The allowance is for what the engine must read, the whole prompt, in silence. An engine
+        # that reports its reading shows life every batch: each report restarts the plain deadline.
         stall_limits = stall_limits.for_request(prompt_chars(request))
     pieces = without_stalls(engine.stream_chat(request, max_tokens=max_tokens, sampling=sampling),
-                            stall_limits, what="LLM reply")
+                            stall_limits, what="LLM reply", progress=progress)
     fenced = False
     try:
         async for piece in pieces:

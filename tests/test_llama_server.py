@@ -48,7 +48,7 @@ async def llm_worker(tmp_path):
 
 async def _timed_reply(engine, question: str, start: float) -> list[float]:
     messages = [{"role": "system", "content": "Answer in one long sentence."}, {"role": "user", "content": question}]
-    return [time.perf_counter() - start async for _ in engine.stream_chat(messages, max_tokens=32)]
+    return [time.perf_counter() - start async for piece in engine.stream_chat(messages, max_tokens=32) if piece]
 
 
 async def test_several_slots_generate_side_by_side(llm_worker):
@@ -72,6 +72,17 @@ async def test_a_request_sent_the_instant_a_streamed_reply_ends_is_answered(llm_
         messages = [{"role": "system", "content": "You are brief."}, {"role": "user", "content": f"Say {n}."}]
         await engine.warm_prefix(messages)
         assert [piece async for piece in engine.stream_chat(messages, max_tokens=2)], n
+
+
+async def test_a_long_prompt_is_read_with_a_report_after_each_batch(llm_worker):
+    """The proof of life the stall watch restarts its deadline on (models/stalls.py): on a CPU the
+    server reads 512 prompt tokens a step (workers/launch.py) and reports after each."""
+    _, engine = llm_worker
+    words = "The clinic opens at nine and closes at five on weekdays; parking is behind the building. "
+    messages = [{"role": "system", "content": (words * 40)[:3500]}, {"role": "user", "content": "When do you open?"}]
+    pieces = [piece async for piece in engine.stream_chat(messages, max_tokens=4)]
+    first_text = next(i for i, piece in enumerate(pieces) if piece)
+    assert first_text >= 3 and set(pieces[:first_text]) == {""}, pieces  # started, 512 read, all ~750 read
 
 
 async def test_a_killed_worker_fails_its_reply_fast_and_is_back_soon(llm_worker):

@@ -33,9 +33,11 @@ def test_each_dialect_gets_the_sampling_names_it_understands():
     body = llama.request_body(messages, max_tokens=8, sampling=agent)
     assert body["temperature"] == 0.2 and body["top_p"] == 0.9 and body["repeat_penalty"] == 1.1
     assert body["cache_prompt"] is True and body["stream"] is True and "priority" not in body
+    assert body["return_progress"] is True and llama.reports_prompt_progress
     vllm = OpenAIChatLLMEngine(OpenAIChatOptions("http://x", dialect="vllm", use_priority=True, default_sampling=default))
     body = vllm.request_body(messages, max_tokens=8, sampling=None)
     assert body["repetition_penalty"] == 1.3 and "repeat_penalty" not in body and body["priority"] == 0
+    assert "return_progress" not in body and not vllm.reports_prompt_progress
     plain = OpenAIChatLLMEngine(OpenAIChatOptions("http://x", dialect="openai", default_sampling=default))
     assert "repeat_penalty" not in plain.request_body(messages, max_tokens=8, sampling=agent)
 
@@ -61,8 +63,9 @@ class _KeepAliveServer:
 
     REPLY = b'data: {"choices":[{"delta":{"content":"hi"}}]}\n\ndata: [DONE]\n\n'
 
-    def __init__(self, answered_per_connection: int) -> None:
+    def __init__(self, answered_per_connection: int, reply: bytes = REPLY) -> None:
         self.answered_per_connection = answered_per_connection
+        self.reply = reply
         self.connections = 0
         self.requests = 0
         self._server = None
@@ -87,7 +90,7 @@ class _KeepAliveServer:
                 if answered == self.answered_per_connection:
                     break  # closed with the request unanswered
                 writer.write(b"HTTP/1.1 200 OK\r\nContent-Type: text/event-stream\r\n"
-                             b"Content-Length: %d\r\n\r\n%s" % (len(self.REPLY), self.REPLY))
+                             b"Content-Length: %d\r\n\r\n%s" % (len(self.reply), self.reply))
                 await writer.drain()
         except (asyncio.IncompleteReadError, ConnectionError):
             pass
@@ -121,3 +124,21 @@ async def test_a_server_that_drops_every_request_fails_it_after_one_resend():
         finally:
             await engine.close()
     assert server.requests == 2
+
+
+def _progress(processed: int) -> bytes:
+    """llama-server's progress event through a 1,200-token prompt (its shape, from its server-task.cpp)."""
+    return (b'data: {"choices":[{"index":0,"delta":{"role":"assistant","content":null}}],'
+            b'"prompt_progress":{"total":1200,"cache":0,"processed":%d,"time_ms":5}}\n\n' % processed)
+
+
+async def test_the_servers_progress_through_the_prompt_comes_out_as_empty_pieces_before_the_text():
+    reply = _progress(0) + _progress(512) + _progress(1024) + _progress(1200) + _KeepAliveServer.REPLY
+    async with _KeepAliveServer(answered_per_connection=1, reply=reply) as url:
+        engine = OpenAIChatLLMEngine(OpenAIChatOptions(url))
+        try:
+            pieces = [p async for p in engine.stream_chat([{"role": "user", "content": "hi"}], max_tokens=4)]
+        finally:
+            await engine.close()
+    assert pieces == ["", "", "", "", "hi"]
+    assert engine.batch_size == 1  # counted as generating from its first text, not its progress

@@ -188,6 +188,59 @@ async def test_a_long_prompt_being_read_is_not_taken_for_a_stalled_model():
         await reply(StallLimits(DEADLINE_S, DEADLINE_S, first_per_kchar_s=DEADLINE_S / 2))
 
 
+class ProgressReportingLLM(LLMEngine):
+    """llama-server reading a prompt: "" as it starts and after each batch, `batches` of them
+    `batch_s` apart, then the reply; stopped (SIGSTOP: nothing more) after `stop_after` reports
+    or after the reply's first piece (`hang_after_text`)."""
+
+    reports_prompt_progress = True
+
+    def __init__(self, batches: int, batch_s: float, stop_after: int | None = None,
+                 hang_after_text: bool = False) -> None:
+        self.batches, self.batch_s, self.stop_after = batches, batch_s, stop_after
+        self.hang_after_text = hang_after_text
+
+    def load(self) -> None:
+        pass
+
+    async def stream_chat(self, messages: Sequence[ChatMessage], *, max_tokens: int,
+                          sampling: Sampling | None = None) -> AsyncIterator[str]:
+        for batch in range(self.batches):
+            if batch == self.stop_after:
+                await asyncio.Event().wait()
+            yield ""
+            await asyncio.sleep(self.batch_s)
+        yield "We open"
+        if self.hang_after_text:
+            await asyncio.Event().wait()
+        yield " at nine."
+
+
+async def _shaped(engine: LLMEngine, limits: StallLimits, prompt_chars: int = 4000) -> str:
+    pieces = shaped_reply(engine, [{"role": "system", "content": "x" * (prompt_chars - 6)},
+                                   {"role": "user", "content": "hours?"}],
+                          sampling=None, max_tokens=20, max_sentences=1, system_prompt="", stall_limits=limits)
+    return "".join([p async for p in pieces])
+
+
+async def test_a_prompt_read_with_progress_is_watched_batch_by_batch_not_by_its_length():
+    limits = StallLimits(DEADLINE_S, DEADLINE_S / 2, first_per_kchar_s=DEADLINE_S)  # 4,000 characters: +0.8 s
+    # Read for 8 x 0.15 s, far past the plain first-piece deadline (0.2 s), each batch within it: heard.
+    assert await _shaped(ProgressReportingLLM(batches=8, batch_s=0.75 * DEADLINE_S), limits) == "We open at nine."
+    # Stopped after 2 batches: found at the plain deadline after its last report, not at the
+    # allowance for the prompt (1.0 s).
+    started = time.monotonic()
+    with pytest.raises(StalledError, match="no first answer within 0.2 s of its last progress"):
+        await _shaped(ProgressReportingLLM(batches=8, batch_s=0.75 * DEADLINE_S, stop_after=2), limits)
+    assert time.monotonic() - started < 2 * 0.75 * DEADLINE_S + DEADLINE_S + 0.5
+    # Stopped before it started: found at the plain deadline, the prompt's allowance not added.
+    with pytest.raises(StalledError, match=r"no first answer within 0.2 s$"):
+        await _shaped(ProgressReportingLLM(batches=8, batch_s=0.75 * DEADLINE_S, stop_after=0), limits)
+    # Once the text flows, the gap limit (0.1 s) is the one that applies.
+    with pytest.raises(StalledError, match="no next piece within 0.1 s"):
+        await _shaped(ProgressReportingLLM(batches=2, batch_s=0.75 * DEADLINE_S, hang_after_text=True), limits)
+
+
 def test_the_configured_llm_deadline_carries_its_allowance_per_prompt_character():
     deadlines = ModelDeadlines(llm_first_token_seconds=6.0, llm_first_token_per_1k_prompt_chars=1.5)
     assert deadlines.llm.for_request(2000).first_s == 9.0

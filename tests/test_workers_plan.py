@@ -182,8 +182,8 @@ def test_cpu_deployment_plans_without_a_gpu(machine, capsys):
     assert llm["env"] == {"CUDA_VISIBLE_DEVICES": "", "OMP_NUM_THREADS": "2"}
     argv = llm["argv"]
     assert argv[0] == machine.llama_server and _flag(argv, "-m").endswith("SmolLM2-135M-Instruct.Q4_1.gguf")
-    assert [_flag(argv, f) for f in ("--parallel", "-c", "--threads", "--cache-type-k", "--cache-reuse")] == \
-        ["4", "16384", "2", "f16", "256"]
+    assert [_flag(argv, f) for f in ("--parallel", "-c", "--threads", "--cache-type-k", "--cache-reuse",
+                                     "--batch-size")] == ["4", "16384", "2", "f16", "256", "512"]
     assert {"--cont-batching", "--metrics", "--no-webui"} <= set(argv) and "--n-gpu-layers" not in argv
     for name in ("asr", "tts", "embedder"):
         assert (workers[name]["run"], workers[name]["argv"], workers[name]["device"]) == ("in-process", None, "cpu")

@@ -89,9 +89,9 @@ def errors_logged(log: Path | None, since_bytes: int) -> list[str]:
 async def run(base_url: str, *, messages: int, budget: int, turns: int, seed: int = 0,
               log: Path | None = None) -> dict:
     """`messages` faults, half to each path, while a clean caller talks `turns` turns; the same caller
-    alone first, for its TTFS without the fuzzing. The faults go in FUZZ_BURSTS bursts spread over
-    as long as that first call took, so the fuzzing runs alongside the whole call, not only its
-    first turn (all of it at once takes ~7 s)."""
+    alone first, for its TTFS without the fuzzing. The faults' connections are spread evenly over
+    as long as that first call took, so every turn of the call meets the fuzzing (all of it at once
+    takes ~7 s; in four bursts of that, ~1.5 s each, most turns met none)."""
     await _clean_call(base_url, 2, seed + 1)  # warm-up: a fresh server's first turns are slow
     call_started = time.monotonic()
     baseline = await _clean_call(base_url, turns, seed)

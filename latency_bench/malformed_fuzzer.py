@@ -30,9 +30,9 @@ from latency_bench.malformed_messages import Fault, faults
 CLOSE_PROTOCOL_ERROR, CLOSE_NOT_UTF8, CLOSE_POLICY, CLOSE_TRY_LATER = 1002, 1007, 1008, 1013
 CLOSE_WAIT_S = 2.0  # a close expected now that has not come by then is reported as missing
 ANSWER_WAIT_S = 5.0
-# The faults are sent in this many bursts spread over the clean call. Each burst still holds
-# more message faults per path (1,000 / 2 / 4 = 125) than limits.max_bad_messages (50), so the
-# close at the budget is reached in every one.
+# The faults are sent in this many bursts, one after another over the clean call. Each burst
+# still holds more message faults per path (1,000 / 2 / 4 = 125) than limits.max_bad_messages
+# (50), so the close at the budget is reached in every one.
 FUZZ_BURSTS = 4
 FUZZER_NICE = 19
 
@@ -46,6 +46,21 @@ class Outcome:
     code: int | None = None
     ms: float | None = None
     example: str | None = None  # the fault, cut short, where the answer is worth a look
+
+
+class Spread:
+    """Starts `units` pieces of work evenly over `seconds` (0: back to back), so the fuzzing runs
+    alongside a whole call at a steady rate instead of in bursts a second long between its turns."""
+
+    def __init__(self, seconds: float, units: int, *, clock=time.monotonic, sleep=asyncio.sleep) -> None:
+        self._clock, self._sleep = clock, sleep
+        self._start = clock()
+        self._gap = seconds / max(1, units)
+        self._started = 0
+
+    async def next(self) -> None:
+        await self._sleep(max(0.0, self._start + self._started * self._gap - self._clock()))
+        self._started += 1
 
 
 def _short(data: str | bytes) -> str:
@@ -106,15 +121,20 @@ async def _realtime_answer(ws, fault: Fault) -> Outcome:
         return Outcome("realtime", fault.kind, "message", "missing", example=_short(fault.data))
 
 
-async def fuzz_realtime(base_url: str, batch: list[Fault], *, budget: int) -> list[Outcome]:
-    """Message faults share a session until it is closed at the budget; each frame fault gets its own."""
+async def fuzz_realtime(base_url: str, batch: list[Fault], *, budget: int, spread_s: float = 0.0) -> list[Outcome]:
+    """Message faults share a session until it is closed at the budget; each frame fault gets its own.
+    The sessions start evenly over `spread_s`."""
     outcomes: list[Outcome] = []
+    frames = sum(f.level == "frame" for f in batch)
+    spread = Spread(spread_s, frames + -(-(len(batch) - frames) // (budget + 1)))
     ws = None
     for fault in batch:
         if fault.level == "frame":
+            await spread.next()
             outcomes.append(await _send_frame_fault(await _realtime_session(base_url), fault, "realtime"))
             continue
         if ws is None:
+            await spread.next()
             ws, errors = await _realtime_session(base_url), 0
         outcome = await _realtime_answer(ws, fault)
         errors += outcome.answer == "error_event"
@@ -209,20 +229,28 @@ async def _twilio_call(base_url: str, chunk: list[Fault], budget: int, n: int) -
     return outcomes
 
 
-async def fuzz_twilio(base_url: str, batch: list[Fault], *, budget: int, handshake_every: int = 10) -> list[Outcome]:
+async def fuzz_twilio(base_url: str, batch: list[Fault], *, budget: int, handshake_every: int = 10,
+                      spread_s: float = 0.0) -> list[Outcome]:
     """Frame faults each on a call of their own; every `handshake_every`-th message fault is the first
-    message after `connected` (closed at once; 0: none); the rest go to calls, `budget` + a few per call."""
+    message after `connected` (closed at once; 0: none); the rest go to calls, `budget` + a few per call.
+    The connections start evenly over `spread_s` (a call's own faults go at once: a call that
+    dawdled would be hung up for silence)."""
     outcomes: list[Outcome] = []
     messages = [f for f in batch if f.level == "message"]
+    frames = [f for f in batch if f.level == "frame"]
     in_handshake = messages[::handshake_every] if handshake_every else []
     in_calls = [f for i, f in enumerate(messages) if not handshake_every or i % handshake_every]
-    for n, fault in enumerate(f for f in batch if f.level == "frame"):
+    per_call = budget + 5  # a few spare: a fault the server accepts moves the close one on
+    spread = Spread(spread_s, len(frames) + len(in_handshake) + -(-len(in_calls) // per_call))
+    for n, fault in enumerate(frames):
+        await spread.next()
         outcomes += await _until_admitted(lambda: _twilio_frame(base_url, fault, 10_000 + n))
     for fault in in_handshake:
+        await spread.next()
         outcomes += await _until_admitted(lambda: _twilio_handshake(base_url, fault))
-    per_call = budget + 5  # a few spare: a fault the server accepts moves the close one on
     for n, first in enumerate(range(0, len(in_calls), per_call)):
         chunk = in_calls[first:first + per_call]
+        await spread.next()
         outcomes += await _until_admitted(lambda: _twilio_call(base_url, chunk, budget, 20_000 + n))
     return outcomes
 
@@ -231,17 +259,20 @@ async def fuzz_twilio(base_url: str, batch: list[Fault], *, budget: int, handsha
 
 async def fuzz_in_bursts(base_url: str, *, messages: int, budget: int, seed: int,
                          spread_s: float) -> tuple[list[Outcome], list[Outcome]]:
-    """`messages` faults, half to each path, in FUZZ_BURSTS bursts spread over `spread_s`.
+    """`messages` faults, half to each path, in FUZZ_BURSTS bursts one after another over
+    `spread_s`, each burst's connections spread evenly over its share (half of it to each path).
     One fuzzer at a time: with the clean call and a call still ending, that fits a cap of 4."""
     started = time.monotonic()
+    share = spread_s / FUZZ_BURSTS
     realtime_faults = faults("realtime", messages // 2, seed=seed)
     twilio_faults = faults("twilio", messages - messages // 2, seed=seed)
     realtime: list[Outcome] = []
     twilio: list[Outcome] = []
     for burst in range(FUZZ_BURSTS):
-        await asyncio.sleep(max(0.0, started + burst * spread_s / FUZZ_BURSTS - time.monotonic()))
-        realtime += await fuzz_realtime(base_url, realtime_faults[burst::FUZZ_BURSTS], budget=budget)
-        twilio += await fuzz_twilio(base_url, twilio_faults[burst::FUZZ_BURSTS], budget=budget)
+        await asyncio.sleep(max(0.0, started + burst * share - time.monotonic()))
+        realtime += await fuzz_realtime(base_url, realtime_faults[burst::FUZZ_BURSTS], budget=budget,
+                                        spread_s=share / 2)
+        twilio += await fuzz_twilio(base_url, twilio_faults[burst::FUZZ_BURSTS], budget=budget, spread_s=share / 2)
     return realtime, twilio
 
 

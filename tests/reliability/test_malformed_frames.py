@@ -16,7 +16,7 @@ import websockets
 
 from latency_bench.chaos_malformed import wrong_answers
 from latency_bench.malformed_fuzzer import (CLOSE_NOT_UTF8, CLOSE_POLICY, CLOSE_PROTOCOL_ERROR, Outcome, fuzz_realtime,
-                                            fuzz_twilio, in_child_process)
+                                            fuzz_twilio, in_child_process, Spread)
 from latency_bench.malformed_messages import FRAME_KINDS, MESSAGE_KINDS, Fault, client_frame, faults
 from pipelines.voice import Engines
 from tests.conftest import running_server
@@ -48,6 +48,27 @@ def test_a_client_frame_is_masked_as_rfc_6455_says():
     assert frame[0] == 0x81 and frame[1] == 0x80 | 2
     mask = frame[2:6]
     assert bytes(b ^ mask[i % 4] for i, b in enumerate(frame[6:])) == b"hi"
+
+
+async def test_the_fuzzers_connections_start_evenly_over_their_time_however_long_each_takes():
+    now = [100.0]
+    starts: list[float] = []
+
+    async def sleep(seconds: float) -> None:
+        now[0] += seconds
+
+    spread = Spread(10.0, 4, clock=lambda: now[0], sleep=sleep)
+    for work_s in (0.5, 4.0, 0.1, 0.2):
+        await spread.next()
+        starts.append(now[0])
+        now[0] += work_s  # the connection's own faults and answers
+    # The third was due at 105.0 but the second ran late: it starts at once, the fourth on time.
+    assert starts == [100.0, 102.5, 106.5, 107.5]
+    back_to_back = Spread(0.0, 4, clock=lambda: now[0], sleep=sleep)
+    before = now[0]
+    for _ in range(4):
+        await back_to_back.next()
+    assert now[0] == before
 
 
 def _check(outcomes: list[Outcome]) -> None:

@@ -122,17 +122,18 @@ async def _realtime_answer(ws, fault: Fault) -> Outcome:
 
 
 async def fuzz_realtime(base_url: str, batch: list[Fault], *, budget: int, spread_s: float = 0.0) -> list[Outcome]:
-    """Message faults share a session until it is closed at the budget; each frame fault gets its own.
-    The sessions start evenly over `spread_s`."""
+    """Each frame fault gets a session of its own; the message faults share one, back to back,
+    until it is closed at the budget (a session left waiting is closed for its silence). The
+    sessions start evenly over `spread_s`."""
     outcomes: list[Outcome] = []
-    frames = sum(f.level == "frame" for f in batch)
-    spread = Spread(spread_s, frames + -(-(len(batch) - frames) // (budget + 1)))
+    frames = [f for f in batch if f.level == "frame"]
+    messages = [f for f in batch if f.level == "message"]
+    spread = Spread(spread_s, len(frames) + -(-len(messages) // (budget + 1)))
+    for fault in frames:
+        await spread.next()
+        outcomes.append(await _send_frame_fault(await _realtime_session(base_url), fault, "realtime"))
     ws = None
-    for fault in batch:
-        if fault.level == "frame":
-            await spread.next()
-            outcomes.append(await _send_frame_fault(await _realtime_session(base_url), fault, "realtime"))
-            continue
+    for fault in messages:
         if ws is None:
             await spread.next()
             ws, errors = await _realtime_session(base_url), 0

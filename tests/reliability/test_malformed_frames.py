@@ -89,6 +89,22 @@ async def test_realtime_answers_every_malformed_event_and_closes_past_the_budget
     assert server_errors == []
 
 
+async def test_spread_out_realtime_faults_never_leave_a_session_waiting_long_enough_to_be_hung_up(
+        server_config, server_errors):
+    """Found by the full scenario once its connections were spread: a session of message faults
+    left open while frame faults waited their turn was hung up for silence (1000) mid-batch."""
+    config = replace(server_config, limits=replace(server_config.limits, max_bad_messages=BUDGET,
+                                                   idle_timeout_seconds=1.0))
+    engines = Engines(asr=ScriptedASR("hi"), llm=ScriptedLLM(["Hello."]), tts=ToneTTS(), embedder=HashingEmbedder())
+    batch = faults("realtime", 24, seed=1)
+    assert {f.level for f in batch} == {"frame", "message"}
+    with running_server(config, engines) as running:
+        # ~8 connections over 12 s: 1.5 s apart, longer than the server waits for a silent session
+        outcomes = await fuzz_realtime(running.base_url, batch, budget=BUDGET, spread_s=12.0)
+    _check(outcomes)
+    assert server_errors == []
+
+
 async def test_twilio_drops_faults_within_the_budget_and_closes_past_it(server, server_errors):
     bystander = await open_call(server.ws_url)
     outcomes = await fuzz_twilio(server.base_url, faults("twilio", 150, seed=1), budget=BUDGET)

@@ -28,8 +28,8 @@ LLAMA_ALL_LAYERS = 999
 # llama-server --batch-size on a CPU: the prompt tokens read per step. The server reports its
 # progress through a prompt after each step (the client's proof of life, models/openai_chat.py),
 # and a call's deadline restarts at each report: on 2 cores a step of 512 tokens of SmolLM2-135M
-# takes ~1.7 s, of its default 2,048 up to ~6 s, as long as the deadline itself. Cost: an
-# 8,000-character prompt read cold in 6.3 s instead of 5.8 s.
+# takes ~1.7 s, of its default 2,048 up to ~6 s, as long as the deadline itself. Smaller steps
+# cost little here (the long-prompt agent's first turns alike, README); a GPU keeps the default.
 LLAMA_CPU_PROMPT_BATCH = 512
 _LLAMA_KV_TYPES = {"f16": "f16", "fp16": "f16", "bf16": "bf16", "q8_0": "q8_0"}
 _VLLM_DTYPES = {"bf16": "bfloat16", "fp16": "float16"}

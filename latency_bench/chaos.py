@@ -77,7 +77,7 @@ IDLE_TIMEOUT_S = 10.0  # limits.idle_timeout_seconds on the shared server: the s
 SDP_OFFERS, SDP_CONCURRENCY = 20_000, BURST_CAP - 1  # each worker holds an answered call until it ends
 ENDLESS_MINUTES, TURN_LIMIT_S = 10.0, 30.0  # limits.max_user_turn_seconds of configs/default.yaml
 # budget: limits.max_bad_messages. 24 clean turns: over 12 (or 6) the p95 is the slowest turn alone,
-# and one turn that met a fuzz burst decided the figure.
+# and one slow turn, fuzzed or not, decided the figure.
 MALFORMED_MESSAGES, BAD_MESSAGE_BUDGET, MALFORMED_CLEAN_TURNS = 1000, 50, 24
 OUTAGE_S = 5.0
 

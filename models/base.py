@@ -109,20 +109,24 @@ class Sampling:
         )
 
 
+# What LLMEngine.stream_chat yields for a report of progress through the prompt: no text.
+PROMPT_PROGRESS = ""
+
+
 class LLMEngine(Engine):
     # The tokens one conversation's prompt and reply may hold together at this engine (its
     # context per stream); None where the engine does not say. Prompts are sized to it.
     context_tokens: int | None = None
-    # True where stream_chat also yields "" while the engine reads the prompt, when it starts and
-    # after each batch (llama-server's prompt progress): a sign the model is working, carrying no
-    # text. A deadline on the first piece then restarts at each report instead of growing with
-    # the prompt's length by a guess at the hardware's speed.
+    # True where stream_chat also yields PROMPT_PROGRESS while the engine reads the prompt, when
+    # it starts and after each batch (llama-server's prompt progress): a sign the model is
+    # working, carrying no text. A deadline on the first piece then restarts at each report
+    # instead of growing with the prompt's length by a guess at the hardware's speed.
     reports_prompt_progress: bool = False
 
     @abstractmethod
     def stream_chat(self, messages: Sequence[ChatMessage], *, max_tokens: int,
                     sampling: Sampling | None = None) -> AsyncIterator[str]:
-        """Streams reply text pieces ("" for prompt progress where reports_prompt_progress).
+        """Streams reply text pieces (PROMPT_PROGRESS where reports_prompt_progress).
         Closing the iterator early stops generation."""
 
     async def warm_prefix(self, messages: Sequence[ChatMessage]) -> None:

@@ -32,7 +32,7 @@ from typing import Any
 
 import httpx
 
-from models.base import ChatMessage, LLMEngine, Sampling
+from models.base import PROMPT_PROGRESS, ChatMessage, LLMEngine, Sampling
 from models.errors import CadenceError, CapacityError, ConfigError, WorkerUnavailableError
 from models.remote import CONNECT_FAILURES, replica_urls
 from models.replicas import DEFAULT_COOL_OFF_S, ReplicaSet
@@ -156,7 +156,7 @@ class OpenAIChatLLMEngine(LLMEngine):
         if self.options.dialect == "llama-server":
             body["cache_prompt"] = True  # reuse the slot's KV cache for the common prefix
             # An event when the slot starts on the prompt and after each batch of it: proof of
-            # life while a long prompt is read (streamed as "", reports_prompt_progress).
+            # life while a long prompt is read (streamed as PROMPT_PROGRESS).
             body["return_progress"] = True
         if self.options.use_priority and self.options.dialect == "vllm":
             body["priority"] = priority
@@ -188,14 +188,14 @@ class OpenAIChatLLMEngine(LLMEngine):
                 async for raw in response.aiter_text():
                     for event in parser.feed(raw):
                         piece = _content_of(event)
-                        if not piece and "prompt_progress" in event:
-                            yield ""  # still reading the prompt
                         if piece:
                             if not started:
                                 started = True
                                 self._generating += 1
                                 self._last_batch = self._generating
                             yield piece
+                        elif "prompt_progress" in event:
+                            yield PROMPT_PROGRESS  # still reading the prompt
             except httpx.TransportError as exc:  # reset, timed out, died mid-stream
                 raise _unavailable(url, exc) from exc
             finally:

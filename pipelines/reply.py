@@ -9,7 +9,7 @@ from __future__ import annotations
 
 from collections.abc import AsyncIterator, Callable, Sequence
 
-from models.base import ChatMessage, LLMEngine, Sampling
+from models.base import PROMPT_PROGRESS, ChatMessage, LLMEngine, Sampling
 from models.stalls import StallLimits, without_stalls
 from pipelines.knowledge_context import REFERENCE_CLOSE, REFERENCE_OPEN, Passage, with_references
 from pipelines.reply_shaping import MarkupStop, PromptLeakGuard, SentenceBudget
@@ -40,7 +40,7 @@ async def shaped_reply(engine: LLMEngine, messages: Sequence[ChatMessage], *, pa
     guard = PromptLeakGuard(system_prompt) if system_prompt.strip() else None
     markup = MarkupStop(FENCE_MARKERS) if passages else None
     request = with_references(messages, passages)
-    progress = "" if engine.reports_prompt_progress else None
+    progress = PROMPT_PROGRESS if engine.reports_prompt_progress else None
     if stall_limits is not None and progress is None:
         # The allowance is for what the engine must read, the whole prompt, in silence. An engine
         # that reports its reading shows life every batch: each report restarts the plain deadline.

@@ -156,7 +156,7 @@ class EngineSTTService(EagerEndOfTurnSTTServiceMixin, SegmentedSTTService):
         None leaves guesses in arrival order with every other request. `partial_every_s`:
         streaming partials every that much new speech (0: none). `on_rejected(reason)`:
         told of every transcript the plausibility check drops; `on_partial(text)`, of every
-        partial transcript; `on_long_turn_cut(seconds)`, of every cut of a long turn (the length of
+        partial transcript and, with partials on, of the guess made at a pause; `on_long_turn_cut(seconds)`, of every cut of a long turn (the length of
         the part cut off). `pause_judge`: decides each pause's length (None: the VAD's own).
         `eager_reply`: answer the speculative transcript while the VAD waits (held until
         the turn ends). `transcript_deadline_s(seconds of audio)`: how long a turn's
@@ -227,6 +227,12 @@ class EngineSTTService(EagerEndOfTurnSTTServiceMixin, SegmentedSTTService):
             if voice is not None and asyncio.current_task().cancelling():
                 voice.cancel()  # the caller went on: nobody needs the verdict
         plausible = is_plausible(transcript)
+        if plausible and self._partial_every_bytes:
+            # The words so far, as a partial: partial passes wait behind this guess and are
+            # dropped when the turn ends, so on a loaded machine it is often the only pass
+            # that finishes while the caller is still on the turn (whose page then showed
+            # nothing of what they said until the reply came).
+            self._on_partial(transcript.text)
         if plausible:
             # Retrieval starts on the guess now, so its passages are ready when the turn ends.
             await self.push_frame(SpeculativeTranscriptFrame(text=transcript.text))

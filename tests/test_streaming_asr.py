@@ -181,6 +181,22 @@ async def test_no_partial_pass_starts_after_the_pause_so_the_final_finds_the_mod
     assert engine.passes == stt.partials_pushed + 1  # the partials, then the speculation, which was the final
 
 
+async def test_the_guess_at_a_pause_is_shown_as_the_words_so_far_when_no_partial_finished():
+    from tests.test_processors import PauseMarker, PauseSignals
+
+    for partials_on in (True, False):
+        shown: list[str] = []
+        stt = EngineSTTService(GrowingASR(), max_segment_seconds=30, partial_every_s=0.4 if partials_on else 0.0,
+                               on_partial=shown.append)
+        # 0.3 s of speech: less than one partial's worth, so only the pause's guess is made
+        frames = [VADUserStartedSpeakingFrame(), *speech_frames(0.3), PauseMarker(),
+                  VADUserStoppedSpeakingFrame(stop_secs=0.4)]
+        down, _ = await run_test(Pipeline([PauseSignals(stt), LetPassesFinish(stt), stt]), frames_to_send=frames)
+        assert stt.partials_pushed == 0 and stt.speculations_used == 1
+        guess = [f.text for f in down if isinstance(f, TranscriptionFrame)]  # the guess became the final
+        assert len(guess) == 1 and shown == (guess if partials_on else [])
+
+
 class RecordingASR(ASREngine):
     """Says how long each segment it was given was; remembers them."""
 

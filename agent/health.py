@@ -70,7 +70,7 @@ class Findings:
     lag_max_s: float | None  # the largest recent event-loop lag; None before the first probe
     lag_limit_s: float
     store: StoreCheck
-    cooling_off: Sequence[str] = field(default_factory=tuple)  # "role url" of replicas passed over
+    cooling_off: Sequence[str] = field(default_factory=tuple)  # "role replica url why" of replicas passed over
 
 
 def overall_status(findings: Findings) -> tuple[str, list[str]]:
@@ -83,7 +83,7 @@ def overall_status(findings: Findings) -> tuple[str, list[str]]:
                        "something blocks it; callers hear gaps")
     if not findings.store.reachable:
         reasons.append(f"call store did not answer: {findings.store.error}")
-    reasons.extend(f"{replica} refused a connection and is passed over for now" for replica in findings.cooling_off)
+    reasons.extend(f"{replica}; passed over for now" for replica in findings.cooling_off)
     if findings.draining:
         return "draining", reasons
     if findings.load_error is not None:
@@ -111,7 +111,7 @@ def engine_health(engines: dict[str, Engine], readiness: Readiness) -> dict[str,
 
 
 def cooling_off(engine_states: dict[str, dict[str, Any]]) -> list[str]:
-    return [f"{role} replica {replica['url']}" for role, state in engine_states.items()
+    return [f"{role} replica {replica['url']} {replica['why']}" for role, state in engine_states.items()
             for replica in state.get("replicas", ()) if replica["cooling_off"]]
 
 

@@ -17,7 +17,10 @@ refused a connection in the last `cool_off_s`, or has max_in_flight / len(replic
 open while another has fewer, is passed over for the least loaded (models/replicas.py). A
 replica that refuses the connection is tried once more on another before anything streamed,
 and a request dropped unanswered on a pooled connection the server had just closed, once more
-on a fresh one.
+on a fresh one. A replica that accepted a reply's request and then said nothing past the
+reply's deadline (a hung server: stopped, deadlocked, its GPU wedged, still accepting
+connections) is passed over for `stall_cool_off_s`: without that, every conversation homed
+there would lose a turn to the same deadline until its worker is restarted.
 A prompt window that slides past the first user message moves the conversation (its prefix
 changed anyway), and a warm-up before the first question is homed by the system prompt alone.
 """
@@ -26,7 +29,7 @@ from __future__ import annotations
 
 import json
 import logging
-from collections.abc import AsyncIterator, Sequence
+from collections.abc import AsyncIterator, Awaitable, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -71,6 +74,9 @@ class OpenAIChatOptions:
     # More servers of the same model beside base_url (its replicas); conversations spread over all.
     replica_urls: tuple[str, ...] = ()
     cool_off_s: float = DEFAULT_COOL_OFF_S  # a server that refused a connection gets no reply for this long
+    # A server a reply was given up on for silence gets no reply for this long: long enough
+    # for its worker's probes to find it hung and restart it (~12 s for a stopped llama-server).
+    stall_cool_off_s: float = 30.0
     context_tokens: int | None = None  # one request's context at the server (None: not known here)
 
     @property
@@ -80,8 +86,8 @@ class OpenAIChatOptions:
 
     def __post_init__(self) -> None:
         replica_urls(self.urls, "LLM server")
-        if self.cool_off_s < 0:
-            raise ConfigError("LLM server client: cool_off_s >= 0 required")
+        if self.cool_off_s < 0 or self.stall_cool_off_s < 0:
+            raise ConfigError("LLM server client: cool_off_s and stall_cool_off_s >= 0 required")
         if self.dialect not in DIALECTS:
             raise ConfigError(f"LLM server dialect {self.dialect!r} is unknown; known: {', '.join(DIALECTS)}")
         if self.max_in_flight < 1 or self.connect_timeout_s <= 0 or self.read_timeout_s <= 0:
@@ -162,11 +168,16 @@ class OpenAIChatLLMEngine(LLMEngine):
             body["priority"] = priority
         return body
 
-    async def stream_chat(self, messages: Sequence[ChatMessage], *, max_tokens: int,
-                          sampling: Sampling | None = None) -> AsyncIterator[str]:
+    def stream_chat(self, messages: Sequence[ChatMessage], *, max_tokens: int,
+                    sampling: Sampling | None = None) -> AsyncIterator[str]:
         body = self.request_body(messages, max_tokens=max_tokens, sampling=sampling)
-        async for piece in self._stream(body):
-            yield piece
+        return _ReplyStream(self, body)
+
+    def _went_silent(self, url: str) -> None:
+        self._replicas.mark_down(url, for_s=self.options.stall_cool_off_s, why="went silent past a reply's deadline")
+        if len(self._replicas.urls) > 1:
+            log.warning("LLM server at %s went silent past a reply's deadline; replies go to the other replicas "
+                        "for %.0f s", url, self.options.stall_cool_off_s)
 
     async def warm_prefix(self, messages: Sequence[ChatMessage]) -> None:
         # One generated token makes the server evaluate (and cache) the whole prefix.
@@ -174,14 +185,14 @@ class OpenAIChatLLMEngine(LLMEngine):
         async for _ in self._stream(body):
             pass
 
-    async def _stream(self, body: dict[str, Any]) -> AsyncIterator[str]:
+    async def _stream(self, body: dict[str, Any], reply: _ReplyStream | None = None) -> AsyncIterator[str]:
         if self._in_flight >= self.options.max_in_flight:
             raise CapacityError(f"LLM server at {', '.join(self._replicas.urls)} has {self._in_flight} replies open; "
                                 "retry later")
         self._in_flight += 1
         started = False
         try:
-            url, response = await self._open(body)
+            url, response = await self._open(body, reply)
             try:
                 await _raise_for_status(response, url)
                 parser = ServerSentEvents()
@@ -206,13 +217,15 @@ class OpenAIChatLLMEngine(LLMEngine):
             if started:
                 self._generating -= 1
 
-    async def _open(self, body: dict[str, Any]) -> tuple[str, httpx.Response]:
+    async def _open(self, body: dict[str, Any], reply: _ReplyStream | None) -> tuple[str, httpx.Response]:
         """The conversation's replica's response, headers read, counted in flight there until the
         caller calls finished(url). A refused connection is tried once more on another replica;
-        a stale pooled one, once more on the same replica."""
+        a stale pooled one, once more on the same replica. `reply.url` is the replica asked."""
         url = self._replicas.pick_for(conversation_key(body["messages"]), busy_at=self._busy_at)
         retried = resent = False
         while True:
+            if reply is not None:
+                reply.url = url  # before the send: a hung server takes the connection, never answers
             self._replicas.started(url)
             client = self._http(url)
             try:
@@ -240,6 +253,29 @@ class OpenAIChatLLMEngine(LLMEngine):
         clients, self._clients = self._clients, {}
         for client in clients.values():
             await client.aclose()
+
+
+class _ReplyStream:
+    """One reply's pieces (the client's `_stream`), knowing which replica was asked for them:
+    told `stalled()` by models/stalls.without_stalls, it has the client pass that replica over."""
+
+    def __init__(self, engine: OpenAIChatLLMEngine, body: dict[str, Any]) -> None:
+        self.url: str | None = None
+        self._engine = engine
+        self._pieces = engine._stream(body, self)
+
+    def __aiter__(self) -> _ReplyStream:
+        return self
+
+    def __anext__(self) -> Awaitable[str]:
+        return self._pieces.__anext__()
+
+    async def aclose(self) -> None:
+        await self._pieces.aclose()
+
+    def stalled(self) -> None:
+        if self.url is not None:
+            self._engine._went_silent(self.url)
 
 
 def conversation_key(messages: Sequence[ChatMessage]) -> str:

@@ -5,8 +5,10 @@ every client spreads its own load without a central balancer:
   least in flight   a request goes to the replica with the fewest requests in flight from
                     this client; ties go round-robin, so one request at a time still spreads.
   cool-off          a replica that refused a connection is passed over for `cool_off_s`, then
-                    tried again. When every replica is cooling off one is still tried (the
-                    least loaded): a request must go somewhere, and the worker may be back.
+                    tried again; the client may pass one over for longer (`mark_down(url,
+                    for_s)`: a replica that went silent past a reply's deadline). When every
+                    replica is cooling off one is still tried (the least loaded): a request
+                    must go somewhere, and the worker may be back.
   retry target      `alternative(url)`: another replica that is not cooling off, for the one
                     more try of a request that `url` refused or was too full to take.
   affinity          `pick_for(key, busy_at)`: a key (a conversation's opening) maps to a home
@@ -47,6 +49,7 @@ class ReplicaSet:
         self._clock = clock
         self._in_flight = dict.fromkeys(self.urls, 0)
         self._down_until = dict.fromkeys(self.urls, -math.inf)
+        self._why = dict.fromkeys(self.urls, "")
         self._cursor = 0  # index where the round-robin among equally loaded replicas starts
 
     @property
@@ -62,9 +65,9 @@ class ReplicaSet:
 
     def states(self) -> list[dict[str, object]]:
         """Each replica as an operator sees it: its load from this client, and whether it is
-        being passed over after refusing a connection."""
-        return [{"url": url, "in_flight": self._in_flight[url], "cooling_off": self.is_down(url)}
-                for url in self.urls]
+        being passed over, and why (None while it is not)."""
+        return [{"url": url, "in_flight": self._in_flight[url], "cooling_off": self.is_down(url),
+                 "why": self._why[url] if self.is_down(url) else None} for url in self.urls]
 
     def started(self, url: str) -> None:
         self._in_flight[url] += 1
@@ -72,8 +75,12 @@ class ReplicaSet:
     def finished(self, url: str) -> None:
         self._in_flight[url] -= 1
 
-    def mark_down(self, url: str) -> None:
-        self._down_until[url] = self._clock() + self._cool_off_s
+    def mark_down(self, url: str, for_s: float | None = None, *, why: str = "refused a connection") -> None:
+        """Passes `url` over for `for_s` (None: cool_off_s); never shortens a longer pass-over.
+        `why` is what an operator reads in its state while it lasts."""
+        until = self._clock() + (self._cool_off_s if for_s is None else for_s)
+        if until >= self._down_until[url]:
+            self._down_until[url], self._why[url] = until, why
 
     def pick(self) -> str:
         up = [url for url in self.urls if not self.is_down(url)]

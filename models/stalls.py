@@ -6,6 +6,10 @@ silence. A turn cannot wait that long: `without_stalls` gives up on a stream who
 item takes longer than `first_s`, or whose next one takes longer than `next_s`, with a
 StalledError the pipeline turns into a spoken apology. Only the wait for the model counts:
 the time its consumer spends on an item (pushing audio on) does not.
+
+A stream with a `stalled()` method is told when it is given up for lateness (before it is
+closed): a client of several replicas then passes the silent one over for later requests
+(models/openai_chat.py). A stream closed for any other reason (a barge-in) is not told.
 """
 
 from __future__ import annotations
@@ -61,6 +65,9 @@ async def without_stalls(stream: AsyncIterator[T], limits: StallLimits | None, *
             except StopAsyncIteration:
                 return
             except TimeoutError:
+                stalled = getattr(stream, "stalled", None)
+                if stalled is not None:
+                    stalled()
                 which = "first answer" if first else "next piece"
                 since = " of its last progress" if reading else ""
                 raise StalledError(f"{what}: no {which} within {within:.1f} s{since}") from None

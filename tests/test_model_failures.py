@@ -98,6 +98,38 @@ async def test_no_limits_pass_every_item_and_only_a_first_limit_leaves_the_gaps_
     assert StallLimits(1.0).next_s is None
 
 
+class ToldStream:
+    """A stream with the `stalled()` hook: `items`, then nothing unless `ends`."""
+
+    def __init__(self, items: Sequence[str], *, ends: bool) -> None:
+        self._items = Stream(items, ends=ends)()
+        self.told = 0
+
+    def __aiter__(self):
+        return self
+
+    def __anext__(self):
+        return self._items.__anext__()
+
+    async def aclose(self) -> None:
+        await self._items.aclose()
+
+    def stalled(self) -> None:
+        self.told += 1
+
+
+async def test_a_stream_given_up_for_lateness_is_told_and_one_closed_for_a_barge_in_is_not():
+    late = ToldStream(["a"], ends=False)
+    with pytest.raises(StalledError):
+        [item async for item in without_stalls(late, StallLimits(DEADLINE_S, DEADLINE_S), what="LLM reply")]
+    assert late.told == 1
+    for items, ends in ((["a", "b"], True), (["a"], False)):  # ends, or is closed by its consumer (barge-in)
+        stream = ToldStream(items, ends=ends)
+        async for _ in without_stalls(stream, StallLimits(5.0, 5.0), what="LLM reply"):
+            break
+        assert stream.told == 0
+
+
 def test_the_first_items_limit_grows_with_the_request_and_only_once():
     limits = StallLimits(6.0, 3.0, first_per_kchar_s=1.5)
     sized = limits.for_request(8000)

@@ -26,7 +26,7 @@ from starlette.routing import Route
 from agent import engine_factory
 from agent.model_plane import Endpoint, model_plane_for
 from models.errors import CapacityError, ConfigError, WorkerUnavailableError
-from models.openai_chat import OpenAIChatLLMEngine, OpenAIChatOptions
+from models.openai_chat import OpenAIChatLLMEngine, OpenAIChatOptions, conversation_key
 from models.remote import RemoteASREngine, RemoteEmbeddingEngine, RemoteTTSEngine, replica_urls
 from models.replicas import ReplicaSet, stable_index
 from tests.fakes_workers import GatedASR, GatedEmbedder, ScriptedTTS, fake_vector
@@ -76,6 +76,21 @@ def test_a_replica_that_refused_cools_off_then_comes_back():
     assert not replicas.is_down(A)
     assert replicas.alternative(B) == A
     assert {replicas.pick(), replicas.pick()} == {A, B}
+
+
+def test_a_longer_pass_over_is_not_cut_short_by_a_refusal_and_says_why_while_it_lasts():
+    clock = FakeClock()
+    replicas = ReplicaSet([A, B], cool_off_s=2.0, clock=clock)
+    replicas.mark_down(A, for_s=30.0, why="went silent past a reply's deadline")
+    replicas.mark_down(A)  # refused since: 2 s from now would end the 30 s early
+    clock.now += 29.9
+    assert replicas.states()[0] == {"url": A, "in_flight": 0, "cooling_off": True,
+                                    "why": "went silent past a reply's deadline"}
+    assert replicas.pick() == B
+    clock.now += 0.1
+    assert replicas.states()[0]["why"] is None and not replicas.is_down(A)
+    replicas.mark_down(A)
+    assert replicas.states()[0]["why"] == "refused a connection"
 
 
 def test_when_every_replica_cools_off_the_least_loaded_is_still_tried():
@@ -293,6 +308,47 @@ async def test_a_reply_whose_replica_refuses_comes_from_the_other():
             await asyncio.to_thread(engine.load)  # every replica must answer
         assert engine.queue_depth == 0
         await engine.close()
+
+
+class HungChatServer:
+    """Accepts a chat request and never answers it (a stopped or wedged server) until released."""
+
+    def __init__(self) -> None:
+        self.requests = 0
+        self.release = asyncio.Event()
+        self.app = Starlette(routes=[Route("/v1/chat/completions", self._chat, methods=["POST"]),
+                                     Route("/health", lambda request: JSONResponse({"status": "ok"}))])
+
+    async def _chat(self, request: Request) -> JSONResponse:
+        self.requests += 1
+        await self.release.wait()
+        return JSONResponse({"error": "released"}, status_code=500)
+
+
+async def test_a_replica_that_goes_silent_past_a_replys_deadline_is_passed_over_by_later_replies():
+    from models.errors import StalledError
+    from models.stalls import StallLimits, without_stalls
+
+    hung, healthy = HungChatServer(), FakeChatServer("healthy")
+    async with serving(hung.app) as hung_url, serving(healthy.app) as healthy_url:
+        engine = OpenAIChatLLMEngine(OpenAIChatOptions(hung_url, replica_urls=(healthy_url,), stall_cool_off_s=30.0))
+        # A conversation whose home is the hung server, by the same hash the client uses
+        conversation = next(c for c in ([{"role": "system", "content": "Be brief."},
+                                         {"role": "user", "content": f"Caller {i} here."}] for i in range(50))
+                            if stable_index(conversation_key(c), 2) == 0)
+        try:
+            with pytest.raises(StalledError):
+                async for _ in without_stalls(engine.stream_chat(conversation, max_tokens=8),
+                                              StallLimits(0.2, 0.2), what="LLM reply"):
+                    pass
+            assert hung.requests == 1
+            assert [r["why"] for r in engine.health()["replicas"]] == ["went silent past a reply's deadline", None]
+            conversation = turn(conversation, "Are you there?", "")
+            assert await reply(engine, conversation) == "healthy"  # its home is passed over
+            assert hung.requests == 1 and engine.queue_depth == 0
+        finally:
+            hung.release.set()
+            await engine.close()
 
 
 # --- the model plane --------------------------------------------------------------------------

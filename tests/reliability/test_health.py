@@ -92,7 +92,7 @@ def test_status_is_ok_only_when_nothing_needs_a_look():
 
 def test_degraded_says_why():
     status, reasons = overall_status(findings(lag_max_s=0.4, store=StoreCheck(False, error="no answer within 1 s"),
-                                              cooling_off=("llm replica http://10.0.0.2:8001",)))
+                                              cooling_off=("llm replica http://10.0.0.2:8001 refused a connection",)))
     assert status == "degraded"
     assert [r.split()[0] for r in reasons] == ["event", "call", "llm"]
 
@@ -110,7 +110,7 @@ async def test_a_worker_replica_that_refused_shows_in_the_engine_health():
         state = engine.health()
         assert state["queue_depth"] == 0
         assert [r["cooling_off"] for r in state["replicas"]] == [False, True]
-        assert cooling_off({"asr": state}) == ["asr replica http://127.0.0.1:10"]
+        assert cooling_off({"asr": state}) == ["asr replica http://127.0.0.1:10 refused a connection"]
     finally:
         await engine.close()
 

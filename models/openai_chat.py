@@ -27,9 +27,12 @@ changed anyway), and a warm-up before the first question is homed by the system 
 
 from __future__ import annotations
 
+import asyncio
+import contextlib
 import json
 import logging
-from collections.abc import AsyncIterator, Awaitable, Sequence
+import weakref
+from collections.abc import AsyncIterator, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -107,6 +110,8 @@ class OpenAIChatLLMEngine(LLMEngine):
         # A conversation leaves its home replica once that has its share of the replies open.
         self._busy_at = options.max_in_flight / len(options.urls)
         self._clients: dict[str, httpx.AsyncClient] = {}
+        # Replies that have had nothing from their replica yet (weak: one dropped unread goes).
+        self._unanswered: weakref.WeakSet[_ReplyStream] = weakref.WeakSet()
         self._in_flight = 0
         self._generating = 0  # streams that have produced their first piece and not ended
         self._last_batch: int | None = None
@@ -175,9 +180,14 @@ class OpenAIChatLLMEngine(LLMEngine):
 
     def _went_silent(self, url: str) -> None:
         self._replicas.mark_down(url, for_s=self.options.stall_cool_off_s, why="went silent past a reply's deadline")
-        if len(self._replicas.urls) > 1:
-            log.warning("LLM server at %s went silent past a reply's deadline; replies go to the other replicas "
-                        "for %.0f s", url, self.options.stall_cool_off_s)
+        if len(self._replicas.urls) == 1:
+            return
+        log.warning("LLM server at %s went silent past a reply's deadline; replies go to the other replicas "
+                    "for %.0f s", url, self.options.stall_cool_off_s)
+        # Replies still waiting there for a first sign of life would wait out their own deadlines.
+        for reply in list(self._unanswered):
+            if reply.url == url:
+                reply.move()
 
     async def warm_prefix(self, messages: Sequence[ChatMessage]) -> None:
         # One generated token makes the server evaluate (and cache) the whole prefix.
@@ -256,24 +266,59 @@ class OpenAIChatLLMEngine(LLMEngine):
 
 
 class _ReplyStream:
-    """One reply's pieces (the client's `_stream`), knowing which replica was asked for them:
-    told `stalled()` by models/stalls.without_stalls, it has the client pass that replica over."""
+    """One reply's pieces (the client's `_stream`), knowing which replica was asked for them.
+    Told `stalled()` by models/stalls.without_stalls, it has the client pass that replica over.
+    Until its replica first answers (a piece, or progress through the prompt) it can be moved
+    (`move()`, when another reply found that replica silent): its request is withdrawn and sent
+    again, to a replica not passed over, and for an engine that reports progress a
+    PROMPT_PROGRESS is yielded, restarting the first-answer deadline for the new request."""
 
     def __init__(self, engine: OpenAIChatLLMEngine, body: dict[str, Any]) -> None:
         self.url: str | None = None
-        self._engine = engine
+        self._engine, self._body = engine, body
         self._pieces = engine._stream(body, self)
+        self._moved: asyncio.Event | None = None  # made on the first wait, in the caller's loop
+        if len(engine.options.urls) > 1:  # with one replica there is nowhere to move to
+            engine._unanswered.add(self)
 
     def __aiter__(self) -> _ReplyStream:
         return self
 
-    def __anext__(self) -> Awaitable[str]:
-        return self._pieces.__anext__()
+    async def __anext__(self) -> str:
+        if self not in self._engine._unanswered:
+            return await self._pieces.__anext__()
+        self._moved = self._moved or asyncio.Event()
+        step = asyncio.ensure_future(self._pieces.__anext__())
+        moved = asyncio.ensure_future(self._moved.wait())
+        try:
+            await asyncio.wait((step, moved), return_when=asyncio.FIRST_COMPLETED)
+        finally:
+            moved.cancel()
+            if not step.done():
+                step.cancel()  # moved, or our own caller cancelled (barge-in): the request is withdrawn
+                with contextlib.suppress(asyncio.CancelledError, CadenceError):
+                    await step
+        if step.done() and not step.cancelled():
+            self._engine._unanswered.discard(self)  # any item is a sign of life, or the stream's end
+            return step.result()
+        await self._pieces.aclose()
+        log.info("reply moved off %s, found silent, before its first answer", self.url)
+        self._moved.clear()
+        self._pieces = self._engine._stream(self._body, self)
+        if self._engine.reports_prompt_progress:
+            return PROMPT_PROGRESS  # a new request: its own first-answer deadline
+        return await self.__anext__()
+
+    def move(self) -> None:
+        if self._moved is not None:
+            self._moved.set()
 
     async def aclose(self) -> None:
+        self._engine._unanswered.discard(self)
         await self._pieces.aclose()
 
     def stalled(self) -> None:
+        self._engine._unanswered.discard(self)
         if self.url is not None:
             self._engine._went_silent(self.url)
 

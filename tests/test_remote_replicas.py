@@ -332,10 +332,7 @@ async def test_a_replica_that_goes_silent_past_a_replys_deadline_is_passed_over_
     hung, healthy = HungChatServer(), FakeChatServer("healthy")
     async with serving(hung.app) as hung_url, serving(healthy.app) as healthy_url:
         engine = OpenAIChatLLMEngine(OpenAIChatOptions(hung_url, replica_urls=(healthy_url,), stall_cool_off_s=30.0))
-        # A conversation whose home is the hung server, by the same hash the client uses
-        conversation = next(c for c in ([{"role": "system", "content": "Be brief."},
-                                         {"role": "user", "content": f"Caller {i} here."}] for i in range(50))
-                            if stable_index(conversation_key(c), 2) == 0)
+        conversation = homed_at(0)  # the hung server is its home
         try:
             with pytest.raises(StalledError):
                 async for _ in without_stalls(engine.stream_chat(conversation, max_tokens=8),
@@ -349,6 +346,64 @@ async def test_a_replica_that_goes_silent_past_a_replys_deadline_is_passed_over_
         finally:
             hung.release.set()
             await engine.close()
+
+
+def homed_at(index: int, count: int = 2, *, skip: int = 0) -> list[dict]:
+    """A conversation whose home replica is `index` (the client's own hash); `skip` gives another."""
+    found = (c for c in ([{"role": "system", "content": "Be brief."}, {"role": "user", "content": f"Caller {i} here."}]
+                         for i in range(200)) if stable_index(conversation_key(c), count) == index)
+    for _ in range(skip):
+        next(found)
+    return next(found)
+
+
+async def test_a_reply_waiting_on_a_replica_another_reply_found_silent_is_sent_to_the_other():
+    from models.base import PROMPT_PROGRESS
+    from models.errors import StalledError
+    from models.stalls import StallLimits, without_stalls
+
+    hung, healthy = HungChatServer(), FakeChatServer("healthy")
+    async with serving(hung.app) as hung_url, serving(healthy.app) as healthy_url:
+        engine = OpenAIChatLLMEngine(OpenAIChatOptions(hung_url, replica_urls=(healthy_url,)))
+        try:
+            # The second reply has no deadline of its own: unmoved, it would wait on the hung server for good.
+            waiting = asyncio.create_task(
+                collect(engine.stream_chat(homed_at(0, skip=1), max_tokens=8)))
+            await until(lambda: hung.requests == 1)
+            with pytest.raises(StalledError):
+                await collect(without_stalls(engine.stream_chat(homed_at(0), max_tokens=8), StallLimits(0.2),
+                                             what="LLM reply"))
+            async with asyncio.timeout(WAIT_S):
+                assert await waiting == [PROMPT_PROGRESS, "healthy"]  # a fresh deadline, then the other's reply
+            assert hung.requests == 2 and len(healthy.prompts) == 1 and engine.queue_depth == 0
+            assert not engine._unanswered
+        finally:
+            hung.release.set()
+            await engine.close()
+
+
+async def test_a_reply_cancelled_while_it_waits_for_its_first_answer_withdraws_its_request():
+    hung = HungChatServer()
+    async with serving(hung.app) as url, serving(FakeChatServer("other").app) as other_url:
+        engine = OpenAIChatLLMEngine(OpenAIChatOptions(url, replica_urls=(other_url,)))
+        try:
+            waiting = asyncio.create_task(collect(engine.stream_chat(homed_at(0), max_tokens=8)))
+            await until(lambda: hung.requests == 1)
+            waiting.cancel()  # a barge-in
+            with pytest.raises(asyncio.CancelledError):
+                await waiting
+            assert engine.queue_depth == 0 and not engine._unanswered
+            assert [r["cooling_off"] for r in engine.health()["replicas"]] == [False, False]  # not a stall
+        finally:
+            hung.release.set()
+            await engine.close()
+
+
+async def collect(stream) -> list[str]:
+    try:
+        return [piece async for piece in stream]
+    finally:
+        await stream.aclose()
 
 
 # --- the model plane --------------------------------------------------------------------------

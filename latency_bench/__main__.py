@@ -179,7 +179,7 @@ def cmd_chaos(args) -> dict:
 
     verdicts = chaos.run(args.scenarios, args.out, config=args.config or servers.DEFAULT_CONFIG,
                          soak_minutes=args.minutes, soak_callers=args.soak_callers,
-                         lossy_minutes=args.lossy_minutes)
+                         lossy_minutes=args.lossy_minutes, llm_replicas=args.llm_replicas)
     results = {"scenarios": [{"scenario": v.scenario, "pass_figure": v.pass_figure, "measured": v.measured,
                               "passed": v.passed, "figures": v.figures} for v in verdicts]}
     args.out.mkdir(parents=True, exist_ok=True)
@@ -262,6 +262,8 @@ def main(argv: list[str] | None = None) -> int:
     ch_p.add_argument("--soak-callers", type=int, default=2,
                       help="callers in the soak (default 2, the issue's; 1 is what 2 cores hold at the target)")
     ch_p.add_argument("--lossy-minutes", type=float, default=5.0, help="how long each lossy call is held (default 5)")
+    ch_p.add_argument("--llm-replicas", type=int, default=1,
+                      help="model-failures: LLM worker replicas (default 1); a fault stops the one serving the turn")
     q_p = sub.add_parser("quality", help="grounded answers, refusals and reply length of a running server")
     q_p.add_argument("--url", required=True, help="server base URL, e.g. http://127.0.0.1:8000")
     q_p.add_argument("--agent", default="default", help="the agent to ask, by its name on the server")

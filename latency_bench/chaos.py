@@ -238,7 +238,7 @@ CALL_MEMORY_CALLS = 4
 
 
 def run(names: list[str], out: Path, *, config: Path = servers.DEFAULT_CONFIG, soak_minutes: float = 60.0,
-        soak_callers: int = 2, lossy_minutes: float = 5.0) -> list[Verdict]:
+        soak_callers: int = 2, lossy_minutes: float = 5.0, llm_replicas: int = 1) -> list[Verdict]:
     unknown = [n for n in names if n not in SCENARIOS]
     if unknown:
         raise ValueError(f"unknown chaos scenarios {unknown}; choose from {', '.join(SCENARIOS)}")
@@ -259,7 +259,8 @@ def run(names: list[str], out: Path, *, config: Path = servers.DEFAULT_CONFIG, s
             verdicts.append(chaos_access.judge(asyncio.run(chaos_access.run(base_url, key=key,
                                                                             read_log=log.read_text))))
     if "model-failures" in names:
-        with chaos_model_failures.server(out / "model-failures", config=config) as (base_url, read_log):
+        with chaos_model_failures.server(out / "model-failures", config=config,
+                                         llm_replicas=llm_replicas) as (base_url, read_log):
             verdicts.append(Verdict(**chaos_model_failures.judge(asyncio.run(chaos_model_failures.run(
                 base_url, read_log=read_log, deadlines=chaos_model_failures.deadlines_of(load_config(config)))))))
     if "call-memory" in names:

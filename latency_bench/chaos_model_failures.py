@@ -35,6 +35,7 @@ from datetime import datetime
 from pathlib import Path
 
 import httpx
+import yaml
 
 from agent.config import CadenceConfig
 from latency_bench import servers, twilio_caller
@@ -79,6 +80,15 @@ def workers_in(log_text: str) -> dict[str, Worker]:
     return found
 
 
+def serving_replica(health: dict, role: str, workers: dict[str, Worker]) -> Worker | None:
+    """Of a role's replicas (workers named <role>-<i>), the one the server has requests in flight
+    at, from its /api/health; None while none or several have (which one serves the turn is then
+    not known)."""
+    by_url = {w.url: w for name, w in workers.items() if name.startswith(f"{role}-")}
+    busy = [r["url"] for r in health.get("engines", {}).get(role, {}).get("replicas", ()) if r["in_flight"] > 0]
+    return by_url.get(busy[0]) if len(busy) == 1 else None
+
+
 def deadlines_of(config: CadenceConfig) -> dict[str, Callable[[float], float]]:
     """Per model, seconds of speech -> how long the server waits on it before it gives up:
     the transcript's deadline, the reply's first token (its base: the prompt adds to it, and
@@ -89,10 +99,19 @@ def deadlines_of(config: CadenceConfig) -> dict[str, Callable[[float], float]]:
 
 
 @contextlib.contextmanager
-def server(out: Path, *, config: Path = servers.DEFAULT_CONFIG) -> Iterator[tuple[str, Callable[[], str]]]:
-    """The default config with every model in a worker; its log at INFO (worker starts)."""
+def server(out: Path, *, config: Path = servers.DEFAULT_CONFIG,
+           llm_replicas: int = 1) -> Iterator[tuple[str, Callable[[], str]]]:
+    """The default config with every model in a worker (the LLM in `llm_replicas` processes);
+    its log at INFO (worker starts)."""
     log = out / "cadence.log"
-    with servers.cadence(out, max_calls=2, config=config, deployment=CPU_WORKERS, log_level="info") as base_url:
+    deployment = CPU_WORKERS
+    if llm_replicas > 1:
+        out.mkdir(parents=True, exist_ok=True)
+        spec = yaml.safe_load(Path(CPU_WORKERS).read_text())
+        spec["workers"]["llm"]["replicas"] = llm_replicas
+        deployment = str((out / "deployment.yaml").resolve())
+        Path(deployment).write_text(yaml.safe_dump(spec, sort_keys=False))
+    with servers.cadence(out, max_calls=2, config=config, deployment=deployment, log_level="info") as base_url:
         yield base_url, log.read_text
 
 
@@ -146,8 +165,11 @@ class FaultInjector:
             if role == "asr":
                 await asyncio.sleep(PAUSE_S + spoken_s / 2)  # mid-utterance: its transcription is next
             else:
-                await self._until(lambda: self._new_turn_at(before, "llm_first_token" if role == "tts" else None))
-            worker = workers_in(self._read_log())[role]
+                # The LLM: once the turn's passages are found its reply's request goes out (an agent
+                # without knowledge: its first token); the TTS: its first sentence is being written.
+                stages = ("llm_first_token",) if role == "tts" else ("retrieval", "llm_first_token")
+                await self._until(lambda: self._new_turn_at(before, stages))
+            worker = await self._target(role)
             backs_before = len(self._backs(worker))
             fault_at = time.time()
             os.kill(worker.pid, signal.SIGKILL if kind == "killed" else signal.SIGSTOP)
@@ -157,9 +179,23 @@ class FaultInjector:
                                "pid": worker.pid, "turn": faulted, "back_after_s": back_s})
         await self._turn_done.get()  # the last case's next turn
 
-    async def _new_turn_at(self, before: int, stage: str | None) -> bool:
+    async def _target(self, role: str) -> Worker:
+        """The role's worker; of several replicas, the one serving the faulted turn (the only one
+        with requests in flight: the other caller's, if any, went to the same one)."""
+        workers = workers_in(self._read_log())
+        if role in workers:
+            return workers[role]
+        deadline = time.monotonic() + 10.0
+        while time.monotonic() < deadline:
+            found = serving_replica((await self._http.get("/api/health")).json(), role, workers)
+            if found is not None:
+                return found
+            await asyncio.sleep(0.02)
+        raise TimeoutError(f"no single {role} replica was serving the faulted turn within 10 s")
+
+    async def _new_turn_at(self, before: int, stages: tuple[str, ...]) -> bool:
         turns = await self._turns()
-        return len(turns) > before and (stage is None or stage in turns[-1].get("stage_ms", {}))
+        return len(turns) > before and any(stage in turns[-1].get("stage_ms", {}) for stage in stages)
 
     def _backs(self, worker: Worker) -> list[float]:
         """When the supervisor logged the worker back (ready), each time, as Unix times."""

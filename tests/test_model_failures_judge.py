@@ -63,3 +63,20 @@ def test_a_stopped_llm_is_known_when_the_server_gave_up_on_that_turn():
     assert _known_at(killed, turn, deadlines, stalls) == turn.speech_end_at
     asr = dict(case, role="asr")
     assert _known_at(asr, turn, deadlines, stalls) == pytest.approx(turn.speech_end_at + 4.0)
+
+
+def test_of_several_replicas_the_fault_goes_to_the_one_serving_the_turn_and_waits_while_that_is_unclear():
+    from latency_bench.chaos_model_failures import Worker, serving_replica
+
+    workers = {"asr": Worker("asr", 10, "http://127.0.0.1:1"), "llm-0": Worker("llm-0", 11, "http://127.0.0.1:2"),
+               "llm-1": Worker("llm-1", 12, "http://127.0.0.1:3")}
+
+    def health(*in_flight: int) -> dict:
+        urls = ("http://127.0.0.1:2", "http://127.0.0.1:3")
+        return {"engines": {"llm": {"replicas": [{"url": url, "in_flight": n} for url, n in zip(urls, in_flight)]}}}
+
+    assert serving_replica(health(0, 1), "llm", workers) == workers["llm-1"]
+    assert serving_replica(health(2, 0), "llm", workers) == workers["llm-0"]  # both callers' replies there
+    assert serving_replica(health(1, 1), "llm", workers) is None  # which is the faulted turn's: unknown yet
+    assert serving_replica(health(0, 0), "llm", workers) is None
+    assert serving_replica({"engines": {}}, "llm", workers) is None

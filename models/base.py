@@ -8,7 +8,7 @@ changing. Engines load in `load()` (never at import) and release in `close()`.
 from __future__ import annotations
 
 from abc import ABC, abstractmethod
-from collections.abc import AsyncIterator, Sequence
+from collections.abc import AsyncIterator, Callable, Sequence
 from dataclasses import dataclass, replace
 from typing import TYPE_CHECKING, Any
 
@@ -129,9 +129,11 @@ class LLMEngine(Engine):
         """Streams reply text pieces (PROMPT_PROGRESS where reports_prompt_progress).
         Closing the iterator early stops generation."""
 
-    async def warm_prefix(self, messages: Sequence[ChatMessage]) -> None:
+    async def warm_prefix(self, messages: Sequence[ChatMessage], *,
+                          on_progress: Callable[[], None] | None = None) -> None:
         """Hint: the next prompt will start with `messages`; an engine with a prefix cache may
-        evaluate them now, while the caller is listening, instead of during the next turn."""
+        evaluate them now, while the caller is listening, instead of during the next turn. Where
+        reports_prompt_progress, `on_progress()` is called at each report while it reads them."""
 
 
 class TTSEngine(Engine):

@@ -9,7 +9,7 @@ from __future__ import annotations
 
 import logging
 import threading
-from collections.abc import AsyncIterator, Iterator, Sequence
+from collections.abc import AsyncIterator, Callable, Iterator, Sequence
 
 from dataclasses import dataclass
 
@@ -74,7 +74,8 @@ class LlamaCppLLMEngine(RunnerLoad, LLMEngine):
         snapshot = [dict(m) for m in messages]  # the context may change while we generate
         return self._runner.stream(lambda stop: self._generate(snapshot, max_tokens, stop, sampling or Sampling()))
 
-    async def warm_prefix(self, messages: Sequence[ChatMessage]) -> None:
+    async def warm_prefix(self, messages: Sequence[ChatMessage], *,
+                          on_progress: Callable[[], None] | None = None) -> None:  # no reports: not called
         snapshot = [dict(m) for m in messages]
         # One generated token evaluates the whole prefix; llama-cpp-python keeps its KV cache
         # and reuses the longest common token prefix on the next call.

@@ -32,7 +32,7 @@ import contextlib
 import json
 import logging
 import weakref
-from collections.abc import AsyncIterator, Sequence
+from collections.abc import AsyncIterator, Callable, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -189,11 +189,13 @@ class OpenAIChatLLMEngine(LLMEngine):
             if reply.url == url:
                 reply.move()
 
-    async def warm_prefix(self, messages: Sequence[ChatMessage]) -> None:
+    async def warm_prefix(self, messages: Sequence[ChatMessage], *,
+                          on_progress: Callable[[], None] | None = None) -> None:
         # One generated token makes the server evaluate (and cache) the whole prefix.
         body = self.request_body(messages, max_tokens=1, sampling=None, priority=_WARM_UP_PRIORITY)
-        async for _ in self._stream(body):
-            pass
+        async for piece in self._stream(body):
+            if piece == PROMPT_PROGRESS and on_progress is not None:
+                on_progress()
 
     async def _stream(self, body: dict[str, Any], reply: _ReplyStream | None = None) -> AsyncIterator[str]:
         if self._in_flight >= self.options.max_in_flight:

@@ -116,6 +116,7 @@ class EngineLLMService(LLMService):
         self._on_failed = on_failed
         self._warm_task: asyncio.Task | None = None
         self._warm_chars = 0  # the prompt characters the running warm-up reads
+        self._warm_heard_at = 0.0  # loop time the running warm-up began or last reported progress
         self._spoke = False  # this turn's reply has produced text
 
     def _window(self, messages: list[ChatMessage]) -> list[ChatMessage]:
@@ -134,21 +135,39 @@ class EngineLLMService(LLMService):
 
     def _start_warm(self, messages: list[ChatMessage], *, name: str) -> None:
         self._warm_chars = prompt_chars(messages)
+        self._warm_heard_at = asyncio.get_running_loop().time()
         self._warm_task = self.create_task(self._warm(messages), name=name)
 
     async def _after_warm(self) -> None:
         """A prefix still being warmed is the start of this request: wait for it, so the request
-        meets the cache it fills instead of a second, cold slot beside it. A warm-up that takes
+        meets the cache it fills instead of a second, cold slot beside it. A warm-up silent for
         longer than a request of its prompt may wait for its first token means a stuck model:
-        the turn fails as that request would have (StalledError), one deadline in, not two."""
+        the turn fails as that request would have (StalledError), one deadline in, not two. As
+        for a request, an engine's reports of progress through the prompt each restart that
+        deadline; for one that reports none it is grown by the prompt's length."""
         task = self._warm_task
         if task is None or task.done():
             return
-        limit = self._stall_limits.for_request(self._warm_chars).first_s if self._stall_limits else None
-        done, _ = await asyncio.wait({task}, timeout=limit)
-        if not done:
-            await self.cancel_task(task)
-            raise StalledError(f"LLM reply: no first answer within {limit:.1f} s (the prompt's warm-up)")
+        if self._stall_limits is None:
+            await asyncio.wait({task})
+            return
+        loop = asyncio.get_running_loop()
+        if self._engine.reports_prompt_progress:
+            limit, since = self._stall_limits.first_s, " of its last progress"
+        else:
+            limit, since = self._stall_limits.for_request(self._warm_chars).first_s, ""
+        while True:
+            heard_at = self._warm_heard_at
+            done, _ = await asyncio.wait({task}, timeout=max(0.0, heard_at + limit - loop.time()))
+            if done:
+                return
+            if self._warm_heard_at == heard_at:  # no report since: stuck
+                break
+        await self.cancel_task(task)
+        raise StalledError(f"LLM reply: no first answer within {limit:.1f} s{since} (the prompt's warm-up)")
+
+    def _warm_progressed(self) -> None:
+        self._warm_heard_at = asyncio.get_running_loop().time()
 
     async def process_frame(self, frame: Frame, direction: FrameDirection) -> None:
         await super().process_frame(frame, direction)
@@ -218,6 +237,6 @@ class EngineLLMService(LLMService):
     async def _warm(self, messages: list[ChatMessage]) -> None:
         try:
             # Sealed as the reply's request is (`with_references`), or the prefixes would differ.
-            await self._engine.warm_prefix(sealed_dialogue(messages))
+            await self._engine.warm_prefix(sealed_dialogue(messages), on_progress=self._warm_progressed)
         except CadenceError:
             pass  # only a hint: a busy engine skips it

@@ -61,7 +61,7 @@ class ScriptedLLM(LLMEngine):
             if sent < len(self.pieces[:max_tokens]):
                 self.closed_early += 1
 
-    async def warm_prefix(self, messages: Sequence[ChatMessage]) -> None:
+    async def warm_prefix(self, messages: Sequence[ChatMessage], *, on_progress=None) -> None:
         self.warmed.append(list(messages))
 
 

@@ -142,3 +142,15 @@ async def test_the_servers_progress_through_the_prompt_comes_out_as_empty_pieces
             await engine.close()
     assert pieces == ["", "", "", "", "hi"]
     assert engine.batch_size == 1  # counted as generating from its first text, not its progress
+
+
+async def test_a_warm_up_tells_of_each_report_of_progress_through_the_prompt():
+    reply = _progress(0) + _progress(512) + _progress(1024) + _KeepAliveServer.REPLY
+    reports = []
+    async with _KeepAliveServer(answered_per_connection=1, reply=reply) as url:
+        engine = OpenAIChatLLMEngine(OpenAIChatOptions(url))
+        try:
+            await engine.warm_prefix([{"role": "system", "content": "be brief"}], on_progress=lambda: reports.append(1))
+        finally:
+            await engine.close()
+    assert len(reports) == 3

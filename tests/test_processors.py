@@ -77,7 +77,7 @@ class SlowWarmLLM(ScriptedLLM):
         self.warm_s = warm_s
         self.events: list[str] = []
 
-    async def warm_prefix(self, messages):
+    async def warm_prefix(self, messages, *, on_progress=None):
         self.events.append("warm started")
         try:
             await (asyncio.sleep(self.warm_s) if self.warm_s is not None else asyncio.Event().wait())
@@ -111,6 +111,49 @@ async def test_a_warm_up_stuck_past_the_first_tokens_deadline_fails_the_turn_at_
     assert engine.events == ["warm started", "warm cancelled"]  # given up, and no second wait on the same model
     assert "".join(f.text for f in down if isinstance(f, LLMTextFrame)) == FALLBACK_REPLY
     assert any(isinstance(f, ErrorFrame) and "no first answer within 0.2 s (the prompt's warm-up)" in f.error
+               for f in up)
+
+
+class ReportingWarmLLM(SlowWarmLLM):
+    """A server that reports its progress through the prompt (llama-server): `reports` reports
+    `every_s` apart while it warms, then it finishes (`then_stuck`: falls silent instead)."""
+
+    reports_prompt_progress = True
+
+    def __init__(self, pieces, *, reports: int, every_s: float, then_stuck: bool = False) -> None:
+        super().__init__(pieces, warm_s=None)
+        self.reports, self.every_s, self.then_stuck = reports, every_s, then_stuck
+
+    async def warm_prefix(self, messages, *, on_progress=None):
+        self.events.append("warm started")
+        try:
+            for _ in range(self.reports):
+                await asyncio.sleep(self.every_s)
+                on_progress()
+            if self.then_stuck:
+                await asyncio.Event().wait()
+        except asyncio.CancelledError:
+            self.events.append("warm cancelled")
+            raise
+        self.events.append("warm done")
+
+
+async def test_a_warm_up_reporting_progress_is_waited_for_as_long_as_reports_come_and_no_longer():
+    # 6 reports 0.1 s apart: 0.6 s of reading, three times the 0.2 s deadline, never 0.2 s silent
+    engine = ReportingWarmLLM(["We open at nine."], reports=6, every_s=0.1)
+    service = EngineLLMService(engine, max_reply_tokens=50, max_history_messages=4, system_prompt="be brief",
+                               stall_limits=StallLimits(0.2, 0.2))
+    down, _ = await run_test(service, frames_to_send=[LLMContextFrame(context_with(("user", "hours?")))])
+    assert engine.events[:3] == ["warm started", "warm done", "request"]
+    assert "".join(f.text for f in down if isinstance(f, LLMTextFrame)) == "We open at nine."
+    # Two reports, then silence: given up 0.2 s after the last, with the reason
+    engine = ReportingWarmLLM(["We open at nine."], reports=2, every_s=0.1, then_stuck=True)
+    service = EngineLLMService(engine, max_reply_tokens=50, max_history_messages=4, system_prompt="be brief",
+                               stall_limits=StallLimits(0.2, 0.2))
+    down, up = await run_test(service, frames_to_send=[LLMContextFrame(context_with(("user", "hours?")))])
+    assert engine.events == ["warm started", "warm cancelled"]
+    assert "".join(f.text for f in down if isinstance(f, LLMTextFrame)) == FALLBACK_REPLY
+    assert any(isinstance(f, ErrorFrame) and "within 0.2 s of its last progress (the prompt's warm-up)" in f.error
                for f in up)
 
 

@@ -68,7 +68,7 @@ class ObedientLLM(LLMEngine):
             yield _SENTENCE_END.sub(";", str(message.get("content", ""))) + "; "
         yield "that is all."
 
-    async def warm_prefix(self, messages: Sequence[ChatMessage]) -> None:
+    async def warm_prefix(self, messages: Sequence[ChatMessage], *, on_progress=None) -> None:
         pass
 
 

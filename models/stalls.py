@@ -69,7 +69,7 @@ async def without_stalls(stream: AsyncIterator[T], limits: StallLimits | None, *
                 if stalled is not None:
                     stalled()
                 which = "first answer" if first else "next piece"
-                since = " of its last progress" if reading else ""
+                since = " of its last progress" if reading and first else ""  # the gap is from the last piece
                 raise StalledError(f"{what}: no {which} within {within:.1f} s{since}") from None
             yield item
             if first and progress is not None and item == progress:

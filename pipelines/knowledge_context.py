@@ -91,10 +91,23 @@ def neutralised(text: str) -> str:
 
 def sealed_dialogue(messages: Sequence[ChatMessage]) -> list[ChatMessage]:
     """`messages` with the caller's and the model's text `neutralised`; the system prompt
-    (the agent's author's) as written."""
-    return [{**m, "content": neutralised(m["content"])}
-            if m.get("role") in DIALOGUE_ROLES and isinstance(m.get("content"), str) else dict(m)
-            for m in messages]
+    (the agent's author's) as written. Back-to-back messages of one dialogue role are one
+    message: a reply cut short and then the apology for a lost transcript are two assistant
+    turns with no caller words between (the words were lost), and chat templates that want the
+    roles to alternate refuse that (llama-server answered 400, "Cannot have 2 or more assistant
+    messages at the end of the list", and the turn was lost too)."""
+    sealed: list[ChatMessage] = []
+    for m in messages:
+        if m.get("role") not in DIALOGUE_ROLES or not isinstance(m.get("content"), str):
+            sealed.append(dict(m))
+            continue
+        text = neutralised(m["content"])
+        before = sealed[-1] if sealed else None
+        if before is not None and before.get("role") == m["role"] and isinstance(before.get("content"), str):
+            before["content"] = f"{before['content'].rstrip()} {text.lstrip()}".strip()
+        else:
+            sealed.append({**m, "content": text})
+    return sealed
 
 
 def reference_message(passages: Sequence[Passage]) -> ChatMessage:

@@ -269,7 +269,7 @@ async def test_a_prompt_read_with_progress_is_watched_batch_by_batch_not_by_its_
     with pytest.raises(StalledError, match=r"no first answer within 0.2 s$"):
         await _shaped(ProgressReportingLLM(batches=8, batch_s=0.75 * DEADLINE_S, stop_after=0), limits)
     # Once the text flows, the gap limit (0.1 s) is the one that applies.
-    with pytest.raises(StalledError, match="no next piece within 0.1 s"):
+    with pytest.raises(StalledError, match=r"no next piece within 0.1 s$"):  # from the last piece, not progress
         await _shaped(ProgressReportingLLM(batches=2, batch_s=0.75 * DEADLINE_S, hang_after_text=True), limits)
 
 

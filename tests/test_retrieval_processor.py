@@ -129,6 +129,20 @@ def test_with_references_without_a_user_message_appends_and_without_passages_cha
     assert with_references(messages, [HOURS])[-1]["role"] == "system"
 
 
+def test_back_to_back_turns_of_one_role_go_to_the_model_as_one_so_the_roles_alternate():
+    # A reply cut short, then the apology for a transcript that was lost: two assistant turns
+    messages = [{"role": "system", "content": "s"}, {"role": "user", "content": "When do you open?"},
+                {"role": "assistant", "content": "We open at "},
+                {"role": "assistant", "content": "Sorry, I didn't catch that."},
+                {"role": "user", "content": "When do you open?"}]
+    request = with_references(messages, [HOURS])
+    assert [m["role"] for m in request] == ["system", "user", "assistant", "system", "user"]
+    assert request[2]["content"] == "We open at Sorry, I didn't catch that."
+    assert messages[2]["content"] == "We open at "  # the call's own context is left as it was
+    ending = with_references(messages[:4], [])
+    assert [m["role"] for m in ending] == ["system", "user", "assistant"]
+
+
 async def test_passages_found_early_warm_the_llm_prompt_up_to_the_question():
     engine, search = ScriptedLLM(["Eight."]), RecordingSearch()
     llm = EngineLLMService(engine, max_reply_tokens=50, max_history_messages=8)

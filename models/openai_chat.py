@@ -20,7 +20,9 @@ and a request dropped unanswered on a pooled connection the server had just clos
 on a fresh one. A replica that accepted a reply's request and then said nothing past the
 reply's deadline (a hung server: stopped, deadlocked, its GPU wedged, still accepting
 connections) is passed over for `stall_cool_off_s`: without that, every conversation homed
-there would lose a turn to the same deadline until its worker is restarted.
+there would lose a turn to the same deadline until its worker is restarted. A reply whose
+replica failed or was found silent before the reply's first words is sent once more to
+another replica (`_ReplyStream`): the caller hears a reply, not an apology.
 A prompt window that slides past the first user message moves the conversation (its prefix
 changed anyway), and a warm-up before the first question is homed by the system prompt alone.
 """
@@ -269,24 +271,47 @@ class OpenAIChatLLMEngine(LLMEngine):
 
 class _ReplyStream:
     """One reply's pieces (the client's `_stream`), knowing which replica was asked for them.
+
     Told `stalled()` by models/stalls.without_stalls, it has the client pass that replica over.
-    Until its replica first answers (a piece, or progress through the prompt) it can be moved
-    (`move()`, when another reply found that replica silent): its request is withdrawn and sent
-    again, to a replica not passed over, and for an engine that reports progress a
-    PROMPT_PROGRESS is yielded, restarting the first-answer deadline for the new request."""
+    Its request is sent once more, to another replica, when that can cost the caller nothing:
+      moved      its replica has not answered at all yet (no piece, no progress through the
+                 prompt) and another reply found that replica silent (`move()`);
+      failed     its replica failed mid-request (killed, reset) before the reply's first words.
+    Once only, and never after words: the caller has heard nothing of this reply. For an
+    engine that reports progress, a PROMPT_PROGRESS is yielded on the resend, restarting the
+    first-answer deadline for the new request."""
 
     def __init__(self, engine: OpenAIChatLLMEngine, body: dict[str, Any]) -> None:
         self.url: str | None = None
         self._engine, self._body = engine, body
         self._pieces = engine._stream(body, self)
         self._moved: asyncio.Event | None = None  # made on the first wait, in the caller's loop
-        if len(engine.options.urls) > 1:  # with one replica there is nowhere to move to
+        self._said = False  # a piece of text has been passed on
+        self._resent = False
+        if len(engine.options.urls) > 1:  # with one replica there is nowhere to send it again
             engine._unanswered.add(self)
 
     def __aiter__(self) -> _ReplyStream:
         return self
 
     async def __anext__(self) -> str:
+        while True:
+            try:
+                piece = await self._next_piece()
+            except WorkerUnavailableError as exc:
+                if not self._may_resend():
+                    raise
+                self._engine._replicas.mark_down(self.url, why="failed mid-request")
+                log.warning("%s; the reply, not begun, is sent to another replica", exc)
+                await self._resend()
+                if self._engine.reports_prompt_progress:
+                    return PROMPT_PROGRESS
+                continue
+            if piece != PROMPT_PROGRESS:
+                self._said = True
+            return piece
+
+    async def _next_piece(self) -> str:
         if self not in self._engine._unanswered:
             return await self._pieces.__anext__()
         self._moved = self._moved or asyncio.Event()
@@ -303,16 +328,24 @@ class _ReplyStream:
         if step.done() and not step.cancelled():
             self._engine._unanswered.discard(self)  # any item is a sign of life, or the stream's end
             return step.result()
-        await self._pieces.aclose()
         log.info("reply moved off %s, found silent, before its first answer", self.url)
-        self._moved.clear()
-        self._pieces = self._engine._stream(self._body, self)
+        await self._resend()
         if self._engine.reports_prompt_progress:
-            return PROMPT_PROGRESS  # a new request: its own first-answer deadline
-        return await self.__anext__()
+            return PROMPT_PROGRESS
+        return await self._next_piece()
+
+    def _may_resend(self) -> bool:
+        return (not self._said and not self._resent and self.url is not None
+                and self._engine._replicas.alternative(self.url) is not None)
+
+    async def _resend(self) -> None:
+        self._resent = True
+        self._engine._unanswered.discard(self)  # the next replica is not moved off again
+        await self._pieces.aclose()
+        self._pieces = self._engine._stream(self._body, self)
 
     def move(self) -> None:
-        if self._moved is not None:
+        if self._moved is not None and not self._resent:
             self._moved.set()
 
     async def aclose(self) -> None:

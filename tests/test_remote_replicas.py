@@ -399,6 +399,58 @@ async def test_a_reply_cancelled_while_it_waits_for_its_first_answer_withdraws_i
             await engine.close()
 
 
+class DyingChatServer:
+    """Streams `before` events, then its process dies: the connection drops mid-response."""
+
+    def __init__(self, before: list[dict]) -> None:
+        self.before, self.requests = before, 0
+        self.app = Starlette(routes=[Route("/v1/chat/completions", self._chat, methods=["POST"]),
+                                     Route("/health", lambda request: JSONResponse({"status": "ok"}))])
+
+    async def _chat(self, request: Request) -> StreamingResponse:
+        self.requests += 1
+
+        async def events():
+            for event in self.before:
+                yield f"data: {json.dumps(event)}\n\n"
+            raise ConnectionResetError("killed")  # uvicorn drops the connection, the response unfinished
+
+        return StreamingResponse(events(), media_type="text/event-stream")
+
+
+PROGRESS_EVENT = {"choices": [{"index": 0, "delta": {}}], "prompt_progress": {"total": 900, "processed": 512}}
+
+
+async def test_a_replica_that_dies_before_the_replys_first_words_has_the_reply_sent_to_another():
+    from models.base import PROMPT_PROGRESS
+
+    dying, healthy = DyingChatServer([PROGRESS_EVENT]), FakeChatServer("healthy")
+    async with serving(dying.app) as dying_url, serving(healthy.app) as healthy_url:
+        engine = OpenAIChatLLMEngine(OpenAIChatOptions(dying_url, replica_urls=(healthy_url,)))
+        try:
+            assert await collect(engine.stream_chat(homed_at(0), max_tokens=8)) == [
+                PROMPT_PROGRESS, PROMPT_PROGRESS, "healthy"]  # its progress, the resend's fresh deadline, the reply
+            assert dying.requests == 1 and len(healthy.prompts) == 1 and engine.queue_depth == 0
+            assert [r["why"] for r in engine.health()["replicas"]] == ["failed mid-request", None]
+        finally:
+            await engine.close()
+
+
+async def test_a_replica_that_dies_after_the_first_words_fails_the_reply_which_is_not_said_twice():
+    words = {"choices": [{"index": 0, "delta": {"content": "We open"}}]}
+    dying, healthy = DyingChatServer([words]), FakeChatServer("healthy")
+    async with serving(dying.app) as dying_url, serving(healthy.app) as healthy_url:
+        engine = OpenAIChatLLMEngine(OpenAIChatOptions(dying_url, replica_urls=(healthy_url,)))
+        said = []
+        try:
+            with pytest.raises(WorkerUnavailableError, match="failed mid-request"):
+                async for piece in engine.stream_chat(homed_at(0), max_tokens=8):
+                    said.append(piece)
+            assert said == ["We open"] and not healthy.prompts
+        finally:
+            await engine.close()
+
+
 async def collect(stream) -> list[str]:
     try:
         return [piece async for piece in stream]

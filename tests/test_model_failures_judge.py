@@ -10,11 +10,11 @@ from latency_bench.chaos_model_failures import _known_at, judge, llm_stalls_logg
 from latency_bench.listen import TurnRecord
 
 
-def figures(*cases: dict, baseline_p95_ms: float = 3000.0) -> dict:
+def figures(*cases: dict, baseline_p95_ms: float = 3000.0, baseline_turns: int = 6) -> dict:
     return {"faults": [{"fault": "asr killed", "answered": True, "back_after_s": 3.0, "next_turn_answered": True,
                         **case} for case in cases],
             "clean_caller": {"baseline_p95_ms": baseline_p95_ms, "during_p95_ms": baseline_p95_ms,
-                             "during_unanswered": 0}}
+                             "during_unanswered": 0, "baseline_turns": baseline_turns}}
 
 
 def test_an_apology_must_come_within_two_seconds_of_the_failure_being_known():
@@ -80,3 +80,10 @@ def test_of_several_replicas_the_fault_goes_to_the_one_serving_the_turn_and_wait
     assert serving_replica(health(1, 1), "llm", workers) is None  # which is the faulted turn's: unknown yet
     assert serving_replica(health(0, 0), "llm", workers) is None
     assert serving_replica({"engines": {}}, "llm", workers) is None
+
+
+def test_a_baseline_of_too_few_healthy_turns_judges_nothing():
+    healthy = {"answer_after_known_ms": 500, "apology": True, "ttfs_ms": 900}
+    assert judge(figures(healthy, baseline_turns=4))["passed"]
+    verdict = judge(figures(healthy, baseline_turns=3))
+    assert not verdict["passed"] and "baseline only 3 turns" in verdict["measured"]

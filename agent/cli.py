@@ -158,6 +158,20 @@ def _client(args) -> int:
 # its STT p99 figures assume; Cadence's STT gives it no p99 figure (pipelines/stt.py,
 # supports_ttfs), so the advice does not apply, and a WARNING per call hides real ones.
 _NOT_OURS = ("differs from the recommended default",)
+# pipecat logs at ERROR every error frame a service pushes. A model failure Cadence handles (a
+# stalled or failed model: the caller hears an apology or the CPU voice, the call goes on)
+# reaches the log at WARNING anyway, as pipecat's "Something went wrong: ErrorFrame(...)" when
+# the frame arrives, and for the LLM as ours naming the turn's fate; at ERROR as well, each
+# handled failure would page whoever watches the server's errors.
+_HANDLED_MODEL_FAILURES = ("LLM unavailable: ", "speech recognition unavailable: ",
+                           "speech synthesis unavailable: ")
+
+
+def _kept(record) -> bool:
+    message = record["message"]
+    if any(text in message for text in _NOT_OURS):
+        return False
+    return not (record["function"] == "push_error_frame" and any(text in message for text in _HANDLED_MODEL_FAILURES))
 
 
 def _quiet_loguru(level: str) -> None:
@@ -166,8 +180,7 @@ def _quiet_loguru(level: str) -> None:
     from loguru import logger
 
     logger.remove()
-    logger.add(sys.stderr, level=level.upper(),
-               filter=lambda record: not any(text in record["message"] for text in _NOT_OURS))
+    logger.add(sys.stderr, level=level.upper(), filter=_kept)
 
 
 def _bench(args) -> int:

@@ -89,3 +89,20 @@ def test_the_servers_log_keeps_pipecats_warnings_but_the_stop_secs_advice_that_d
                             check=True).stderr
     assert "a real warning" in logged
     assert "stop_secs" not in logged and "a frame went by" not in logged
+
+
+def test_a_model_failure_the_server_handles_is_not_logged_as_an_error_twice_over():
+    script = ("from agent.cli import _quiet_loguru; from loguru import logger; _quiet_loguru('info')\n"
+              "def push_error_frame(message):\n    logger.error(message)\n"
+              "push_error_frame('EngineLLMService#0 exception (models/stalls.py:73): LLM unavailable: LLM reply: "
+              "no first answer within 6.0 s')\n"
+              "push_error_frame('EngineSTTService#0 error: speech recognition unavailable: no transcript within 4.7 s')\n"
+              "logger.warning('PipelineWorker#0: Something went wrong: ErrorFrame#0(error: LLM unavailable: LLM reply: "
+              "no first answer within 6.0 s)')\n"
+              "push_error_frame('EngineLLMService#0 error: something no one handles')\n"
+              "logger.error('LLM unavailable: logged elsewhere, kept')")
+    logged = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True, timeout=60, cwd=REPO_ROOT,
+                            check=True).stderr
+    errors = [line for line in logged.splitlines() if "| ERROR" in line]
+    assert len(errors) == 2 and "something no one handles" in errors[0] and "kept" in errors[1], logged
+    assert "Something went wrong: ErrorFrame#0(error: LLM unavailable" in logged  # still told, at WARNING

@@ -117,6 +117,7 @@ class EngineLLMService(LLMService):
         self._warm_task: asyncio.Task | None = None
         self._warm_chars = 0  # the prompt characters the running warm-up reads
         self._warm_heard_at = 0.0  # loop time the running warm-up began or last reported progress
+        self._warm_reported = False  # the running warm-up has reported progress at least once
         self._spoke = False  # this turn's reply has produced text
 
     def _window(self, messages: list[ChatMessage]) -> list[ChatMessage]:
@@ -135,7 +136,7 @@ class EngineLLMService(LLMService):
 
     def _start_warm(self, messages: list[ChatMessage], *, name: str) -> None:
         self._warm_chars = prompt_chars(messages)
-        self._warm_heard_at = asyncio.get_running_loop().time()
+        self._warm_heard_at, self._warm_reported = asyncio.get_running_loop().time(), False
         self._warm_task = self.create_task(self._warm(messages), name=name)
 
     async def _after_warm(self) -> None:
@@ -153,9 +154,9 @@ class EngineLLMService(LLMService):
             return
         loop = asyncio.get_running_loop()
         if self._engine.reports_prompt_progress:
-            limit, since = self._stall_limits.first_s, " of its last progress"
+            limit = self._stall_limits.first_s
         else:
-            limit, since = self._stall_limits.for_request(self._warm_chars).first_s, ""
+            limit = self._stall_limits.for_request(self._warm_chars).first_s
         while True:
             heard_at = self._warm_heard_at
             done, _ = await asyncio.wait({task}, timeout=max(0.0, heard_at + limit - loop.time()))
@@ -164,10 +165,11 @@ class EngineLLMService(LLMService):
             if self._warm_heard_at == heard_at:  # no report since: stuck
                 break
         await self.cancel_task(task)
+        since = " of its last progress" if self._warm_reported else ""
         raise StalledError(f"LLM reply: no first answer within {limit:.1f} s{since} (the prompt's warm-up)")
 
     def _warm_progressed(self) -> None:
-        self._warm_heard_at = asyncio.get_running_loop().time()
+        self._warm_heard_at, self._warm_reported = asyncio.get_running_loop().time(), True
 
     async def process_frame(self, frame: Frame, direction: FrameDirection) -> None:
         await super().process_frame(frame, direction)

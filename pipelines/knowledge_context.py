@@ -92,8 +92,8 @@ def neutralised(text: str) -> str:
 def sealed_dialogue(messages: Sequence[ChatMessage]) -> list[ChatMessage]:
     """`messages` with the caller's and the model's text `neutralised`; the system prompt
     (the agent's author's) as written. Back-to-back messages of one dialogue role are one
-    message: a reply cut short and then the apology for a lost transcript are two assistant
-    turns with no caller words between (the words were lost), and chat templates that want the
+    message: a reply and then the apology for a lost transcript are two assistant turns with
+    no caller words between (the words were lost), and chat templates that want the
     roles to alternate refuse that (llama-server answered 400, "Cannot have 2 or more assistant
     messages at the end of the list", and the turn was lost too)."""
     sealed: list[ChatMessage] = []

@@ -24,6 +24,7 @@ from collections.abc import Awaitable, Callable
 from dataclasses import dataclass, field
 
 from pipecat.frames.frames import Frame, InterruptionFrame, LLMContextFrame, SystemFrame
+from pipecat.processors.aggregators.llm_context import LLMContext
 from pipecat.processors.frame_processor import FrameDirection, FrameProcessor
 
 from pipelines.knowledge_context import Passage, fit_passages, last_user_text
@@ -48,6 +49,10 @@ class TurnContextFrame(LLMContextFrame):
     passages: list[Passage] = field(default_factory=list)
     retrieval_missed: bool = False  # the search failed or ran out of time; no passages
     # (`speculation`, inherited: an eager reply to a turn not yet over; the LLM holds it.)
+
+
+def _as_it_stands(context: LLMContext) -> LLMContext:
+    return LLMContext(messages=list(context.get_messages()), tools=context.tools, tool_choice=context.tool_choice)
 
 
 def _normalise(text: str) -> str:
@@ -113,6 +118,10 @@ class RetrievalProcessor(FrameProcessor):
             self._prefetch = None
 
     async def _with_passages(self, frame: LLMContextFrame) -> TurnContextFrame:
+        # The turn's request is the call's context as it stood when the turn ended: the live one
+        # changes while the search runs (the assistant side adds the reply it is still speaking),
+        # and what is added then belongs after this turn, not in its request.
+        frame = LLMContextFrame(context=_as_it_stands(frame.context), speculation=frame.speculation)
         query = last_user_text(frame.context.get_messages())
         prefetch, self._prefetch = self._prefetch, None
         if not query or not query.strip():

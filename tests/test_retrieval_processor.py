@@ -66,6 +66,23 @@ async def test_passages_are_fenced_into_this_turns_request_before_the_question_o
     assert "".join(f.text for f in down if isinstance(f, LLMTextFrame)) == "We open at eight."
 
 
+async def test_the_request_is_the_context_as_the_turn_ended_not_as_it_changes_during_the_search():
+    ctx = context("When do you open?")
+
+    class AssistantSideWritesMeanwhile(RecordingSearch):
+        async def __call__(self, query):
+            # the assistant aggregator, finishing a reply still being spoken, adds it to the call's context
+            ctx.add_message({"role": "assistant", "content": "Sorry, I didn't catch that."})
+            return await super().__call__(query)
+
+    engine = ScriptedLLM(["We open at eight."])
+    _, pipe = pipeline(AssistantSideWritesMeanwhile(), engine)
+    await run_test(pipe, frames_to_send=[LLMContextFrame(ctx)])
+    assert [m["role"] for m in engine.prompts[0]] == ["system", "user", "assistant", "system", "user"]
+    assert engine.prompts[0][-1]["content"] == "When do you open?"
+    assert ctx.get_messages()[-1]["role"] == "assistant"  # the call's own context keeps what was added
+
+
 async def test_a_speculative_transcript_starts_the_search_and_the_turn_uses_it():
     engine, search = ScriptedLLM(["Eight."]), RecordingSearch()
     retrieval, pipe = pipeline(search, engine)

@@ -76,3 +76,40 @@ async def test_webrtc_call_through_every_model_in_a_worker_process(default_confi
         assert turn.reply_audio_seconds > 0.5
         async with httpx.AsyncClient(base_url=server.base_url) as http:
             assert_answered_capital_question(await wait_until_ended(http, result.call_id))
+
+
+async def test_a_caller_whose_audio_ends_is_hung_up_though_its_close_never_came(server_config):
+    """At 10 % loss a hanging-up caller's RTCP BYE can arrive where its DTLS close is lost: the
+    call ends on the BYE (its audio track ending), not ~30 s later when ICE consent runs out."""
+    from aiortc import RTCConfiguration, RTCPeerConnection, RTCSessionDescription
+
+    from latency_bench.server_figures import poll_until
+    from pipelines.voice import Engines
+    from tests.conftest import running_server
+    from tests.fakes import HashingEmbedder, ScriptedASR, ScriptedLLM, ToneTTS
+
+    engines = Engines(asr=ScriptedASR("what time do you open"), llm=ScriptedLLM(["We open at nine."]),
+                      tts=ToneTTS(chunks=10, frequency_hz=440.0), embedder=HashingEmbedder())
+    with running_server(server_config, engines) as server:
+        pc = RTCPeerConnection(RTCConfiguration(iceServers=[]))
+        try:
+            pc.addTransceiver(webrtc_caller.MicrophoneTrack(), direction="sendrecv")
+            pc.createDataChannel(webrtc_caller.DATA_CHANNEL_LABEL)
+            await pc.setLocalDescription(await pc.createOffer())
+            async with httpx.AsyncClient(base_url=server.base_url, timeout=10) as http:
+                answer = (await http.post("/api/offer", json={"sdp": pc.localDescription.sdp,
+                                                              "type": "offer"})).json()
+                await pc.setRemoteDescription(RTCSessionDescription(sdp=answer["sdp"], type=answer["type"]))
+                assert await poll_until(lambda: pc.connectionState == "connected", 10)
+                await pc.getSenders()[0].stop()  # the caller's audio ends (RTCP BYE); the connection stays open
+                call: dict = {}
+
+                async def ended() -> bool:
+                    nonlocal call
+                    call = (await http.get(f"/api/calls/{answer['call_id']}")).json()
+                    return call.get("live") is False
+
+                assert await poll_until(ended, 10), call  # consent would take ~30 s
+                assert call["end_reason"] == "caller_hung_up"
+        finally:
+            await pc.close()

@@ -166,8 +166,7 @@ class WebRTCCalls:
             elif connection.pc.connectionState == "failed" and connected.is_set():
                 network_lost.set()  # ICE gave up on the caller's address
 
-        @transport.event_handler("on_client_disconnected")
-        async def _on_disconnected(_transport, _client) -> None:
+        async def _caller_gone() -> None:
             # aiortc often reports a lost network as a plain close (its DTLS transport closes on
             # the ICE connection's end before ICE says "failed"); a caller who hangs up sends
             # audio until it does, and one whose network went sent none for the ~30 s before.
@@ -177,6 +176,17 @@ class WebRTCCalls:
             if network_lost.is_set():
                 log.info("call %s: the caller's network went away (%.0f s without its audio)", call.id, silent_s)
             await self._manager.hang_up(call, "network_lost" if network_lost.is_set() else "caller_hung_up")
+
+        @transport.event_handler("on_client_disconnected")
+        async def _on_disconnected(_transport, _client) -> None:
+            await _caller_gone()
+
+        # A caller who hangs up stops its audio (RTCP BYE: the track ends) and closes the
+        # connection (DTLS close). On a lossy network the close can be lost where the BYE was
+        # not (seen at 10 % loss): without this the call held its slot until ICE consent ran out.
+        for receiver in connection.pc.getReceivers():
+            if receiver.track is not None and receiver.track.kind == "audio":
+                receiver.track.on("ended", lambda: self._manager.spawn(call, _caller_gone()))
 
         self._manager.spawn(call, self._run_call(call, transport, connection, connected))
         return {**answer, "call_id": call.id}

@@ -179,7 +179,8 @@ def cmd_chaos(args) -> dict:
 
     verdicts = chaos.run(args.scenarios, args.out, config=args.config or servers.DEFAULT_CONFIG,
                          soak_minutes=args.minutes, soak_callers=args.soak_callers,
-                         lossy_minutes=args.lossy_minutes, llm_replicas=args.llm_replicas)
+                         lossy_minutes=args.lossy_minutes, llm_replicas=args.llm_replicas,
+                         sdp_offers=args.sdp_offers)
     results = {"scenarios": [{"scenario": v.scenario, "pass_figure": v.pass_figure, "measured": v.measured,
                               "passed": v.passed, "figures": v.figures} for v in verdicts]}
     args.out.mkdir(parents=True, exist_ok=True)
@@ -264,6 +265,8 @@ def main(argv: list[str] | None = None) -> int:
     ch_p.add_argument("--lossy-minutes", type=float, default=5.0, help="how long each lossy call is held (default 5)")
     ch_p.add_argument("--llm-replicas", type=int, default=1,
                       help="model-failures: LLM worker replicas (default 1); a fault stops the one serving the turn")
+    ch_p.add_argument("--sdp-offers", type=int, default=20_000,
+                      help="sdp: mutated offers sent (default 20,000, the issue's; about a third start a real call)")
     q_p = sub.add_parser("quality", help="grounded answers, refusals and reply length of a running server")
     q_p.add_argument("--url", required=True, help="server base URL, e.g. http://127.0.0.1:8000")
     q_p.add_argument("--agent", default="default", help="the agent to ask, by its name on the server")
@@ -276,6 +279,8 @@ def main(argv: list[str] | None = None) -> int:
     args = parser.parse_args(argv)
     if getattr(args, "callers", 1) < 1 or getattr(args, "turns", 1) < 1 or getattr(args, "runs", 1) < 1:
         parser.error("--callers, --turns and --runs must be at least 1")
+    if args.command == "chaos" and args.sdp_offers < 1:
+        parser.error("--sdp-offers must be at least 1")
     if args.command == "compare" and args.transport != "twilio":
         parser.error("compare runs over the phone transport (the baseline serves /ws/twilio only)")
     command = {"run": cmd_run, "capacity": cmd_capacity, "compare": cmd_compare,

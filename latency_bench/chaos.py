@@ -202,7 +202,7 @@ def judge_drain(f: dict) -> Verdict:
                    f"({', '.join(f['end_reasons'])})", passed, f)
 
 
-async def _on_shared_server(base_url: str, name: str, log: Path) -> Verdict:
+async def _on_shared_server(base_url: str, name: str, log: Path, *, sdp_offers: int = SDP_OFFERS) -> Verdict:
     if name == "slow-clients":
         return judge_slow_clients(await chaos_slow_clients.run(
             base_url, idle=SLOW_CLIENTS, trickle=SLOW_CLIENTS, deadline_s=HEADER_TIMEOUT_S))
@@ -217,7 +217,7 @@ async def _on_shared_server(base_url: str, name: str, log: Path) -> Verdict:
     if name == "bad-audio":
         return chaos_bad_audio.judge(await chaos_bad_audio.run(base_url, idle_timeout_s=IDLE_TIMEOUT_S, log=log))
     if name == "sdp":
-        return Verdict(**chaos_sdp.judge(await chaos_sdp.run(base_url, offers=SDP_OFFERS, concurrency=SDP_CONCURRENCY,
+        return Verdict(**chaos_sdp.judge(await chaos_sdp.run(base_url, offers=sdp_offers, concurrency=SDP_CONCURRENCY,
                                                              seed=0)))
     if name == "endless":
         return judge_endless(await chaos_endless.run(base_url, minutes=ENDLESS_MINUTES))
@@ -238,7 +238,8 @@ CALL_MEMORY_CALLS = 4
 
 
 def run(names: list[str], out: Path, *, config: Path = servers.DEFAULT_CONFIG, soak_minutes: float = 60.0,
-        soak_callers: int = 2, lossy_minutes: float = 5.0, llm_replicas: int = 1) -> list[Verdict]:
+        soak_callers: int = 2, lossy_minutes: float = 5.0, llm_replicas: int = 1,
+        sdp_offers: int = SDP_OFFERS) -> list[Verdict]:
     unknown = [n for n in names if n not in SCENARIOS]
     if unknown:
         raise ValueError(f"unknown chaos scenarios {unknown}; choose from {', '.join(SCENARIOS)}")
@@ -250,7 +251,8 @@ def run(names: list[str], out: Path, *, config: Path = servers.DEFAULT_CONFIG, s
                     f"limits.idle_timeout_seconds={IDLE_TIMEOUT_S}"]
         with servers.cadence(out / "server", max_calls=BURST_CAP, config=config, settings=settings) as base_url:
             for name in shared:
-                verdicts.append(asyncio.run(_on_shared_server(base_url, name, out / "server" / "cadence.log")))
+                verdicts.append(asyncio.run(_on_shared_server(base_url, name, out / "server" / "cadence.log",
+                                                              sdp_offers=sdp_offers)))
     if "poison" in names:
         with chaos_poison.server(out / "poison", config=config) as (base_url, read_logs):
             verdicts.append(chaos_poison.judge(asyncio.run(chaos_poison.run(base_url, read_logs=read_logs))))

@@ -66,6 +66,7 @@ BACK_WITHIN_S = 30.0
 # A logged stall belongs to a turn when it came within this of the turn's start plus its deadline:
 # the gap between the bench's fault or end of speech and the server's request, and the log write.
 STALL_LOG_SLACK_S = 1.0
+TURN_END_WAIT_S = 1.0  # the VAD's longest wait after speech before a turn ends (turn_end.incomplete_pause_s)
 _STARTED = re.compile(r"worker (\S+) started \(pid (\d+)\) on \S+ at (\S+)")
 
 
@@ -222,31 +223,51 @@ class FaultInjector:
 # llama-server's last report of progress through the prompt (for a server that reports none, the
 # deadline grows with the prompt: deadlines.llm_first_token_per_1k_prompt_chars); only the server
 # knows when that was.
-_LLM_STALL = re.compile(r"^(\d{4}-\d\d-\d\d \d\d:\d\d:\d\d[.,]\d{3}) .*LLM reply: no first answer within ([0-9.]+) s",
-                        re.MULTILINE)
+# The server's own lines when it gives up waiting on a model (pipelines/llm.py, pipelines/stt.py),
+# with the deadline it waited.
+_STALL_LINES = {
+    "llm": re.compile(r"^(\d{4}-\d\d-\d\d \d\d:\d\d:\d\d[.,]\d{3}) .*LLM reply: no first answer within ([0-9.]+) s",
+                      re.MULTILINE),
+    "asr": re.compile(r"^(\d{4}-\d\d-\d\d \d\d:\d\d:\d\d[.,]\d{3}) .*no transcript within ([0-9.]+) s",
+                      re.MULTILINE),
+}
 
 
-def llm_stalls_logged(log_text: str) -> list[tuple[float, float]]:
-    """(when, after how many seconds) of every reply the server gave up waiting for, as Unix times."""
+def stalls_logged(log_text: str, role: str) -> list[tuple[float, float]]:
+    """(when, after how many seconds) of every request of `role` ("llm", "asr") the server gave
+    up waiting for, as Unix times."""
     return [(datetime.strptime(stamp.replace(",", "."), "%Y-%m-%d %H:%M:%S.%f").timestamp(), float(seconds))
-            for stamp, seconds in _LLM_STALL.findall(log_text)]
+            for stamp, seconds in _STALL_LINES[role].findall(log_text)]
+
+
+def _logged_give_up(role: str, start: float, stalls: list[tuple[float, float]]) -> float | None:
+    """Of the logged stalls, when the server gave up on the turn that ended at `start`, if one
+    fits. An LLM's: the one whose time best fits the turn's start plus the deadline it names. A
+    transcript's deadline runs from the VAD's stop, up to TURN_END_WAIT_S after the end of speech
+    (and counts the turn's trailing silence): the one whose request began (its time less its
+    deadline) nearest the end of speech, within that wait."""
+    if role == "llm":
+        fitting = [(abs(at - (start + seconds)), at) for at, seconds in stalls]
+        fitting = [pair for pair in fitting if pair[0] <= STALL_LOG_SLACK_S]
+    else:
+        fitting = [(abs(at - seconds - start), at) for at, seconds in stalls
+                    if -STALL_LOG_SLACK_S <= at - seconds - start <= TURN_END_WAIT_S + STALL_LOG_SLACK_S]
+    return min(fitting)[1] if fitting else None
 
 
 def _known_at(case: dict, turn: TurnRecord, deadlines: dict[str, Callable[[float], float]],
-              llm_stalls: list[tuple[float, float]] = ()) -> float:
+              stalls: dict[str, list[tuple[float, float]]] | None = None) -> float:
     """When the server could know the turn had failed: a killed worker's request fails at once
     (or the next one is refused); a stopped one's at the deadline, counted from the fault or
     from the end of speech, whichever is later (the request starts no earlier). A stopped LLM's
-    is when the server logged giving up on this turn (the logged stall whose time best fits the
-    turn's start plus the deadline it names); the configured base deadline where none fits."""
+    or ASR's is when the server logged giving up on this turn (`_logged_give_up`); the
+    configured deadline from that start where none fits."""
     start = max(case["fault_at"], turn.speech_end_at or case["fault_at"])
     if case["kind"] == "killed":
         return start
-    if case["role"] == "llm":
-        fitting = [(abs(at - (start + seconds)), at) for at, seconds in llm_stalls]
-        fitting = [pair for pair in fitting if pair[0] <= STALL_LOG_SLACK_S]
-        if fitting:
-            return min(fitting)[1]  # when the server gave up: the failure known
+    logged = _logged_give_up(case["role"], start, (stalls or {}).get(case["role"], []))
+    if logged is not None:
+        return logged  # when the server gave up: the failure known
     return start + deadlines[case["role"]](turn.utterance_seconds)
 
 
@@ -285,7 +306,8 @@ async def run(base_url: str, *, read_log: Callable[[], str], faults: tuple[tuple
         await asyncio.wait_for(inject, 120)
         stored = (await injector._call()).get("turns", [])
         failures_counted = await metric_by_labels(http, "cadence_model_failures_total")
-    llm_stalls = llm_stalls_logged(read_log())
+    log_text = read_log()
+    stalls = {role: stalls_logged(log_text, role) for role in _STALL_LINES}
     first_fault = min((c["fault_at"] for c in injector.cases), default=time.time())
     baseline = [t for t in clean_turns[1:] if t.speech_end_at and t.speech_end_at < first_fault]
     during = [t for t in clean_turns if t.speech_end_at and t.speech_end_at >= first_fault]
@@ -296,7 +318,7 @@ async def run(base_url: str, *, read_log: Callable[[], str], faults: tuple[tuple
         nxt = result.turns[turn.index + 1] if turn.index + 1 < len(result.turns) else None
         reply = _stored_reply(stored, turn)
         heard_at = turn.first_audible_at
-        known = _known_at(case, turn, deadlines, llm_stalls)
+        known = _known_at(case, turn, deadlines, stalls)
         cases.append({
             "fault": f"{case['role']} {case['kind']}", "answered": heard_at is not None,
             "answer_after_known_ms": round((heard_at - known) * 1000) if heard_at else None,

@@ -426,8 +426,12 @@ class EngineSTTService(EagerEndOfTurnSTTServiceMixin, SegmentedSTTService):
             self._on_lost(failure_kind(exc))
             if isinstance(exc, TimeoutError):
                 exc = StalledError(f"no transcript within {deadline_s:.1f} s")
-            elif not isinstance(exc, CadenceError):
+            if not isinstance(exc, CadenceError):
                 log.exception("transcription failed")
+            else:  # a known failure (a stall, a worker gone): one line saying which, no traceback
+                heard = "the caller is told at the turn's end if need be" if part else \
+                    "the caller hears an apology"
+                log.warning("transcript lost, %s: %s", heard, exc)
             yield ErrorFrame(error=f"speech recognition unavailable: {exc}")
             if not part:  # a long turn's part: the caller is still talking, and is told at its end if need be
                 yield TranscriptLostFrame(error=str(exc))

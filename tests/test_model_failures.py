@@ -319,14 +319,18 @@ class FailingASR(ASREngine):
 
 
 @pytest.mark.parametrize("hang", [False, True], ids=["raises", "hangs"])
-async def test_a_turn_whose_transcript_is_lost_is_answered_by_asking_the_caller_again(hang):
+async def test_a_turn_whose_transcript_is_lost_is_answered_by_asking_the_caller_again(hang, caplog):
     stt = EngineSTTService(FailingASR(hang=hang), max_segment_seconds=30,
                            transcript_deadline_s=lambda seconds: DEADLINE_S)
     frames = [VADUserStartedSpeakingFrame(), *speech_frames(1.0), VADUserStoppedSpeakingFrame(stop_secs=0.4)]
-    down, _ = await run_test(stt, frames_to_send=frames)
+    with caplog.at_level(logging.WARNING, logger="pipelines.stt"):
+        down, _ = await run_test(stt, frames_to_send=frames)
     said = [f.text for f in down if isinstance(f, TTSSpeakFrame)]
     assert said == [NOT_HEARD_REPLY] and not [f for f in down if isinstance(f, TranscriptionFrame)]
     assert stt.transcripts_lost == 1
+    # One line for the operator (and the model-failures bench, which reads when the server gave up).
+    lost = [r.getMessage() for r in caplog.records if r.name == "pipelines.stt" and "transcript lost" in r.getMessage()]
+    assert len(lost) == 1 and ("no transcript within" in lost[0]) == hang, lost
 
 
 class DeadlineRecordingASR(FailingASR):

@@ -6,7 +6,7 @@ from datetime import datetime
 
 import pytest
 
-from latency_bench.chaos_model_failures import _known_at, judge, llm_stalls_logged
+from latency_bench.chaos_model_failures import _known_at, judge, stalls_logged
 from latency_bench.listen import TurnRecord
 
 
@@ -39,6 +39,8 @@ LOG = """\
 2026-12-05 10:41:24.840 | ERROR    | pipecat.processors.frame_processor:push_error_frame:1023 - EngineLLMService#1 \
 exception (/work/main/models/stalls.py:51): LLM unavailable: LLM reply: no first answer within 9.3 s
 2026-12-05 10:41:26,100 ERROR pipelines.llm: LLM reply: no first answer within 6.0 s
+2026-12-05 10:41:21,700 WARNING pipelines.stt: transcript lost, the caller hears an apology: no transcript within 5.4 s
+2026-12-05 10:41:40,000 WARNING pipelines.stt: transcript lost, the caller hears an apology: no transcript within 4.0 s
 """
 
 
@@ -47,7 +49,8 @@ def _at(stamp: str) -> float:
 
 
 def test_the_llm_deadline_the_server_logged_is_read_with_its_time():
-    assert llm_stalls_logged(LOG) == [(_at("2026-12-05 10:41:24.840"), 9.3), (_at("2026-12-05 10:41:26.100"), 6.0)]
+    assert stalls_logged(LOG, "llm") == [(_at("2026-12-05 10:41:24.840"), 9.3), (_at("2026-12-05 10:41:26.100"), 6.0)]
+    assert stalls_logged(LOG, "asr") == [(_at("2026-12-05 10:41:21.700"), 5.4), (_at("2026-12-05 10:41:40.000"), 4.0)]
 
 
 def test_a_stopped_llm_is_known_when_the_server_gave_up_on_that_turn():
@@ -55,14 +58,30 @@ def test_a_stopped_llm_is_known_when_the_server_gave_up_on_that_turn():
     turn = TurnRecord(caller=0, index=0, text="hours?", voice="en", utterance_seconds=2.0)
     turn.speech_end_at = _at("2026-12-05 10:41:15.500")
     case = {"role": "llm", "kind": "stopped", "fault_at": turn.speech_end_at - 1.0}
-    stalls = llm_stalls_logged(LOG)
+    stalls = {role: stalls_logged(LOG, role) for role in ("llm", "asr")}
     # The 9.3 s stall fits this turn (15.5 + 9.3 = 24.8); the 6.0 s one at 26.1 belongs to another turn.
     assert _known_at(case, turn, deadlines, stalls) == pytest.approx(_at("2026-12-05 10:41:24.840"))
-    assert _known_at(case, turn, deadlines, []) == pytest.approx(turn.speech_end_at + 6.0)  # none logged: the base
+    assert _known_at(case, turn, deadlines, {}) == pytest.approx(turn.speech_end_at + 6.0)  # none logged: the base
     killed = dict(case, kind="killed")
     assert _known_at(killed, turn, deadlines, stalls) == turn.speech_end_at
     asr = dict(case, role="asr")
-    assert _known_at(asr, turn, deadlines, stalls) == pytest.approx(turn.speech_end_at + 4.0)
+    assert _known_at(asr, turn, deadlines, {}) == pytest.approx(turn.speech_end_at + 4.0)  # none logged
+
+
+def test_a_stopped_asr_is_known_when_the_server_gave_up_on_the_transcript_begun_after_that_turn_ended():
+    deadlines = {"asr": lambda seconds: 3.0 + 0.5 * seconds}
+    turn = TurnRecord(caller=0, index=0, text="hours?", voice="en", utterance_seconds=2.0)
+    turn.speech_end_at = _at("2026-12-05 10:41:15.500")
+    case = {"role": "asr", "kind": "stopped", "fault_at": turn.speech_end_at - 1.0}
+    stalls = {"asr": stalls_logged(LOG, "asr")}
+    # The 5.4 s stall's request began at 16.3, 0.8 s after the end of speech (the VAD's wait):
+    # known then, 1.4 s past the configured deadline counted from the end of speech (15.5 + 4.0).
+    # The 4.0 s one began at 36.0, another turn's.
+    assert _known_at(case, turn, deadlines, stalls) == pytest.approx(_at("2026-12-05 10:41:21.700"))
+    later = TurnRecord(caller=0, index=1, text="parking?", voice="en", utterance_seconds=2.0)
+    later.speech_end_at = _at("2026-12-05 10:41:25.000")  # no logged request began within its wait
+    assert _known_at(dict(case, fault_at=later.speech_end_at), later, deadlines, stalls) == \
+        pytest.approx(later.speech_end_at + 4.0)
 
 
 def test_of_several_replicas_the_fault_goes_to_the_one_serving_the_turn_and_waits_while_that_is_unclear():

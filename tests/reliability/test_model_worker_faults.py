@@ -63,6 +63,6 @@ async def test_stuck_and_crashed_workers_cost_the_caller_an_apology_and_come_bac
     # The stuck LLM's failure is known when the server logged giving up. llama-server reports its
     # progress through each prompt, so that is the configured first-token deadline after the
     # request or its last report, never one grown by the prompt's length.
-    stalls = chaos_model_failures.llm_stalls_logged(supervisor_log())
+    stalls = chaos_model_failures.stalls_logged(supervisor_log(), "llm")
     assert stalls and all(seconds == config.deadlines.llm_first_token_seconds for _, seconds in stalls), stalls
     assert figures["error"] is None and figures["clean_caller"]["during_unanswered"] == 0, figures

@@ -5,9 +5,13 @@ catch that", at once rather than after the worker's restart (2.6-4.6 s on this m
 worker that refuses a request as full (503) is passed over the same way: the overflow is
 transcribed here, up to the in-process engine's own bounded queue, rather than apologised for.
 
-Only a failure moves a transcript over: a worker that is slow or stuck is left to the turn's
-deadline (deadlines.asr_*), since a healthy worker under load can be slow, and moving every
-slow transcript onto the agent server's CPU would take that CPU from every call.
+Only a failure moves a transcript over: a worker that is slow is left to the turn's deadline
+(deadlines.asr_*), since a healthy worker under load can be slow, and moving every slow
+transcript onto the agent server's CPU would take that CPU from every call. A stuck worker
+(stopped, wedged) is a failure once it is found out: the client probes a worker that has not
+answered within half a second, and one whose health probe goes unanswered too fails the
+request (models/remote.py), so its transcript is made here ~1.5 s into the turn instead of
+an apology at the deadline.
 """
 
 from __future__ import annotations

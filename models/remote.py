@@ -27,6 +27,16 @@ sent to the first, and a transcription or embedding may be asked twice anyway; a
 only retried before any audio came. A replica that answers 503 retryable (full, loading) is
 likewise skipped once for another. The error of the last try is what the caller sees, mapped
 as above. `load()` checks every replica.
+
+A stopped or wedged worker still accepts connections (the kernel does), so its requests would
+wait out the caller's whole deadline. A request with no answer `probe_after_s` in has its
+replica's /healthz probed: a replica that answers is alive, only busy, and is waited for; one
+that does not answer within `probe_timeout_s` went silent: the request is given up there and
+sent once to another replica that is up (nothing came back, so nothing was heard twice), or
+fails with WorkerUnavailableError (the in-process fallbacks then answer: models/fallback_asr.py,
+models/fallback_voice.py). A silent replica is passed over for `stall_cool_off_s`, and each
+request that still meets it (no other is up) has it probed at once; the first answer ends the
+pass-over.
 Nothing here imports agent/ or pipelines/.
 """
 
@@ -68,6 +78,11 @@ class RemoteOptions:
     ready_timeout_s: float = 2.0  # load(): how long /readyz may take to answer
     max_connections: int = 64  # pooled connections to each replica; more requests wait for one
     cool_off_s: float = DEFAULT_COOL_OFF_S  # a replica that refused a connection gets no request for this long
+    # A request unanswered this long has its replica's /healthz probed: shorter than any deadline
+    # a caller gives a worker (the voice's fallback after 1.5 s, a transcript's 3 s and more).
+    probe_after_s: float = 0.5
+    probe_timeout_s: float = 1.0  # a replica whose /healthz does not answer by then went silent
+    stall_cool_off_s: float = 30.0  # a silent replica is passed over this long, unless it answers again
     # Within a request's deadline, wait for a worker that took no request (restarting, loading,
     # full). False where a fallback in this process answers instead: waiting only delays it.
     wait_for_worker: bool = True
@@ -75,8 +90,9 @@ class RemoteOptions:
     def __post_init__(self) -> None:
         if min(self.connect_timeout_s, self.read_timeout_s, self.ready_timeout_s) <= 0 or self.max_connections < 1:
             raise ValueError("remote engine timeouts must be > 0 and max_connections >= 1")
-        if self.cool_off_s < 0:
-            raise ValueError("remote engine cool_off_s must be >= 0")
+        if min(self.cool_off_s, self.probe_after_s, self.stall_cool_off_s) < 0 or self.probe_timeout_s <= 0:
+            raise ValueError("remote engine cool_off_s, probe_after_s and stall_cool_off_s must be >= 0, "
+                             "probe_timeout_s > 0")
 
 
 def replica_urls(base_urls: str | Sequence[str], what: str) -> tuple[str, ...]:
@@ -106,6 +122,10 @@ class WorkerClient:
         self._blocking = {url: httpx.Client(base_url=url, timeout=timeout, limits=limits) for url in self.urls}
         self._ready_timeout = httpx.Timeout(options.ready_timeout_s, connect=options.connect_timeout_s)
         self._wait_for_worker = options.wait_for_worker
+        self._options = options
+        self._silent: set[str] = set()  # replicas found silent and not heard from since
+        # Probes have connections of their own: a busy replica's pool may be full of requests.
+        self._prober = httpx.AsyncClient(timeout=options.probe_timeout_s)
 
     @property
     def urls(self) -> tuple[str, ...]:
@@ -204,9 +224,17 @@ class WorkerClient:
             try:
                 request = client.build_request("POST", path, headers=self._headers(request_id, headers, wanted_by),
                                                **kwargs)
-                answer = await client.send(request, stream=stream)
+                answer = await self._answer_unless_silent(url, client, request, stream=stream)
                 if answer.status_code == 503:
                     await answer.aread()  # the body says whether it is full (retryable)
+            except WorkerSilent as silent:
+                self.replicas.finished(url)
+                other = None if retried else self.replicas.alternative(url)
+                log.warning("%s worker at %s went silent: %s; passed over for %.0f s%s", self.role, url, silent,
+                            self._options.stall_cool_off_s, f"; trying {other}" if other else "")
+                if other is None:
+                    raise WorkerUnavailableError(f"{self.role} worker at {url} went silent ({silent}; request "
+                                                 f"{request_id}); the supervisor restarts a stuck worker") from None
             except httpx.TransportError as exc:
                 self.replicas.finished(url)
                 other = self._after_failure(url, exc, retried)
@@ -236,6 +264,53 @@ class WorkerClient:
                 url, retried, waits = self.replicas.pick(), False, waits + 1
                 continue
             url, retried = other, True
+
+    async def _answer_unless_silent(self, url: str, client: httpx.AsyncClient, request: httpx.Request, *,
+                                    stream: bool) -> httpx.Response:
+        """The replica's answer (a stream's headers), or WorkerSilent once none has come
+        `probe_after_s` in (at once, for a replica found silent before) and the replica's
+        /healthz does not answer within `probe_timeout_s` either. While it does answer, the
+        request is waited for, and the replica probed again every `probe_after_s`."""
+        sending = asyncio.ensure_future(client.send(request, stream=stream))
+        probe: asyncio.Future[bool] | None = None
+        patience = 0.0 if url in self._silent else self._options.probe_after_s
+        waited = time.monotonic()
+        try:
+            while not (await asyncio.wait({sending}, timeout=patience))[0]:
+                probe = asyncio.ensure_future(self._answers_probe(url))
+                await asyncio.wait({sending, probe}, return_when=asyncio.FIRST_COMPLETED)
+                if sending.done():
+                    break
+                if not probe.result():
+                    self.replicas.mark_down(url, for_s=self._options.stall_cool_off_s,
+                                            why="went silent: a request and its health probe unanswered")
+                    self._silent.add(url)
+                    raise WorkerSilent(f"no answer {time.monotonic() - waited:.1f} s into a request, none to its "
+                                       f"health probe within {self._options.probe_timeout_s:.1f} s")
+                self._heard_from(url)
+                patience = self._options.probe_after_s
+            answer = sending.result()
+        finally:
+            for task in (sending, probe):
+                if task is not None and not task.done():
+                    await _discard(task)
+        self._heard_from(url)
+        return answer
+
+    def _heard_from(self, url: str) -> None:
+        if url in self._silent:  # found silent before: passed over no longer
+            self._silent.discard(url)
+            self.replicas.mark_up(url)
+            log.info("%s worker at %s answers again", self.role, url)
+
+    async def _answers_probe(self, url: str) -> bool:
+        """Whether the replica answers its /healthz within probe_timeout_s (any status: a process
+        that answers at all is alive)."""
+        try:
+            await self._prober.get(f"{url}/healthz")
+        except httpx.TransportError:
+            return False
+        return True
 
     def _pause_before_retry(self, waits: int) -> float | None:
         """How long to wait before trying a request no replica took, or None to give up: this
@@ -281,8 +356,25 @@ class WorkerClient:
     async def aclose(self) -> None:
         for client in self._http.values():
             await client.aclose()
+        await self._prober.aclose()
         for blocking in self._blocking.values():
             blocking.close()
+
+
+class WorkerSilent(Exception):
+    """A replica gave no answer to a request, nor to its health probe (stopped or wedged)."""
+
+
+async def _discard(task: asyncio.Future[Any]) -> None:
+    """Cancels `task` and waits for it to end (a cancellation of the caller still propagates);
+    a response it got in the meantime is closed."""
+    task.cancel()
+    await asyncio.wait({task})
+    if task.cancelled() or task.exception() is not None:
+        return
+    answer = task.result()
+    if isinstance(answer, httpx.Response):
+        await answer.aclose()
 
 
 def _new_request_id() -> str:

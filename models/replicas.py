@@ -82,6 +82,10 @@ class ReplicaSet:
         if until >= self._down_until[url]:
             self._down_until[url], self._why[url] = until, why
 
+    def mark_up(self, url: str) -> None:
+        """Ends a pass-over early: the replica was heard from again."""
+        self._down_until[url], self._why[url] = -math.inf, ""
+
     def pick(self) -> str:
         up = [url for url in self.urls if not self.is_down(url)]
         return self._least_loaded(up or list(self.urls))

@@ -27,10 +27,11 @@ from agent import engine_factory
 from agent.model_plane import Endpoint, model_plane_for
 from models.errors import CapacityError, ConfigError, WorkerUnavailableError
 from models.openai_chat import OpenAIChatLLMEngine, OpenAIChatOptions, conversation_key
-from models.remote import RemoteASREngine, RemoteEmbeddingEngine, RemoteTTSEngine, replica_urls
+from models.fallback_asr import FallbackASREngine
+from models.remote import RemoteASREngine, RemoteEmbeddingEngine, RemoteOptions, RemoteTTSEngine, replica_urls
 from models.replicas import ReplicaSet, stable_index
 from tests.fakes_workers import GatedASR, GatedEmbedder, ScriptedTTS, fake_vector
-from tests.test_worker_server import WAIT_S, _app, serving, until
+from tests.test_worker_server import WAIT_S, _app, _listening_socket, serving, until
 
 A, B, C = "http://a:1", "http://b:1", "http://c:1"
 ROOT = Path(__file__).resolve().parent.parent
@@ -91,6 +92,9 @@ def test_a_longer_pass_over_is_not_cut_short_by_a_refusal_and_says_why_while_it_
     assert replicas.states()[0]["why"] is None and not replicas.is_down(A)
     replicas.mark_down(A)
     assert replicas.states()[0]["why"] == "refused a connection"
+    replicas.mark_down(A, for_s=30.0, why="went silent")
+    replicas.mark_up(A)  # heard from again
+    assert not replicas.is_down(A) and replicas.states()[0]["why"] is None
 
 
 def test_when_every_replica_cools_off_the_least_loaded_is_still_tried():
@@ -238,6 +242,106 @@ async def test_a_full_replica_passes_the_request_to_the_other_once():
         full.gate.set()
         free.gate.set()
         assert (await held).status_code == 200 and (await also_held).text == "1 samples"
+        await remote.close()
+
+
+# --- a replica that goes silent (stopped, wedged): it still accepts connections -----------------
+
+PROBING = RemoteOptions(probe_after_s=0.05, probe_timeout_s=0.1, read_timeout_s=60.0)  # the read timeout never decides
+
+
+@contextlib.contextmanager
+def silent_worker():
+    """A port whose connections the kernel accepts and no process ever answers, as a SIGSTOPped
+    worker's: a request to it (and its /healthz) waits for ever."""
+    sock = _listening_socket()
+    try:
+        yield f"http://127.0.0.1:{sock.getsockname()[1]}"
+    finally:
+        sock.close()
+
+
+class CountingProbes:
+    """An ASGI app that counts the /healthz probes it is sent."""
+
+    def __init__(self, app) -> None:
+        self.app, self.probes = app, 0
+
+    async def __call__(self, scope, receive, send) -> None:
+        if scope["type"] == "http" and scope["path"] == "/healthz":
+            self.probes += 1
+        await self.app(scope, receive, send)
+
+
+async def test_a_request_to_a_silent_replica_is_sent_to_the_other_and_later_ones_pass_it_over():
+    alive = GatedASR()
+    with silent_worker() as silent_url:
+        async with serving(_app(alive, "asr")) as alive_url:
+            remote = RemoteASREngine([silent_url, alive_url], options=PROBING)  # its first pick is the silent one
+            try:
+                async with asyncio.timeout(WAIT_S):  # without the probe: the 60 s read timeout
+                    assert (await remote.transcribe(b"\x00\x01" * 2)).text == "2 samples"
+                    assert (await remote.transcribe(b"\x00\x01" * 3)).text == "3 samples"
+                assert len(alive.prompts) == 2 and remote.queue_depth == 0
+                states = remote.health()["replicas"]
+                assert states[0]["cooling_off"] and "went silent" in states[0]["why"] and not states[1]["cooling_off"]
+            finally:
+                await remote.close()
+
+
+async def test_a_synthesis_meeting_a_silent_replica_is_spoken_by_the_other():
+    with silent_worker() as silent_url:
+        async with serving(_app(ScriptedTTS([b"\x01\x02"]), "tts")) as tts_url:
+            speaker = RemoteTTSEngine([silent_url, tts_url], sample_rate=ScriptedTTS.sample_rate, options=PROBING)
+            try:
+                async with asyncio.timeout(WAIT_S):
+                    assert [chunk async for chunk in speaker.synthesize("Hello.")] == [b"\x01\x02"]
+            finally:
+                await speaker.close()
+
+
+async def test_a_transcript_whose_only_worker_went_silent_is_made_in_process_before_any_deadline():
+    in_process = GatedASR()
+    with silent_worker() as silent_url:
+        asr = FallbackASREngine(RemoteASREngine(silent_url, options=PROBING), in_process)
+        try:
+            async with asyncio.timeout(WAIT_S):
+                assert (await asr.transcribe(b"\x00\x01" * 4)).text == "4 samples"
+            assert asr.fallbacks == 1 and len(in_process.prompts) == 1
+        finally:
+            await asr.close()
+
+
+async def test_a_busy_replica_that_answers_its_probes_is_waited_for():
+    busy = GatedASR()
+    busy.gate.clear()
+    counting = CountingProbes(_app(busy, "asr"))
+    async with serving(counting) as url:
+        remote = RemoteASREngine(url, options=PROBING)
+        try:
+            asking = asyncio.create_task(remote.transcribe(b"\x00\x01"))
+            await until(lambda: counting.probes >= 3)  # probed again while it waits, each answered
+            busy.gate.set()
+            assert (await asking).text == "1 samples"
+            assert not remote._client.replicas.is_down(url)
+        finally:
+            await remote.close()
+
+
+async def test_a_silent_replica_is_probed_at_once_by_the_next_request_and_used_again_once_it_answers():
+    asr = GatedASR()
+    with silent_worker() as url:
+        remote = RemoteASREngine(url, options=PROBING)
+        async with asyncio.timeout(WAIT_S):
+            with pytest.raises(WorkerUnavailableError, match="went silent"):
+                await remote.transcribe(b"\x00\x01")
+    assert remote._client.replicas.is_down(url)
+    port = int(url.rsplit(":", 1)[1])
+    try:
+        async with serving(_app(asr, "asr"), port=port):  # restarted on its port
+            assert (await remote.transcribe(b"\x00\x01" * 2)).text == "2 samples"
+            assert not remote._client.replicas.is_down(url) and remote.health()["replicas"][0]["why"] is None
+    finally:
         await remote.close()
 
 

@@ -8,6 +8,7 @@ import pytest
 from models.base import Sampling
 from models.errors import ConfigError, WorkerUnavailableError
 from models.openai_chat import LLMServerError, OpenAIChatLLMEngine, OpenAIChatOptions, ServerSentEvents
+from tests.test_worker_server import until
 
 
 def test_events_cut_anywhere_come_out_whole():
@@ -68,6 +69,7 @@ class _KeepAliveServer:
         self.reply = reply
         self.connections = 0
         self.requests = 0
+        self.closed_by_client = 0
         self._server = None
 
     async def __aenter__(self) -> str:
@@ -93,7 +95,7 @@ class _KeepAliveServer:
                              b"Content-Length: %d\r\n\r\n%s" % (len(self.reply), self.reply))
                 await writer.drain()
         except (asyncio.IncompleteReadError, ConnectionError):
-            pass
+            self.closed_by_client += 1
         finally:
             writer.close()
 
@@ -105,13 +107,28 @@ async def _reply(engine: OpenAIChatLLMEngine) -> str:
 async def test_a_request_the_server_drops_on_a_stale_pooled_connection_is_sent_again_on_a_fresh_one():
     server = _KeepAliveServer(answered_per_connection=1)
     async with server as url:
-        engine = OpenAIChatLLMEngine(OpenAIChatOptions(url))
+        engine = OpenAIChatLLMEngine(OpenAIChatOptions(url, dialect="vllm"))  # keeps its connections
         try:
             assert await _reply(engine) == "hi"
             assert await _reply(engine) == "hi"  # its pooled connection drops it: sent again, answered
         finally:
             await engine.close()
     assert (server.requests, server.connections) == (3, 2)
+
+
+async def test_no_connection_to_llama_server_is_kept_after_a_reply_and_other_servers_keep_theirs():
+    for dialect, kept in (("llama-server", False), ("vllm", True)):
+        server = _KeepAliveServer(answered_per_connection=2)
+        async with server as url:
+            engine = OpenAIChatLLMEngine(OpenAIChatOptions(url, dialect=dialect))
+            try:
+                assert await _reply(engine) == "hi"
+                if not kept:  # the client hangs up once the reply is read
+                    await until(lambda: server.closed_by_client == 1)
+                assert await _reply(engine) == "hi"
+                assert (server.requests, server.connections) == ((2, 1) if kept else (2, 2)), dialect
+            finally:
+                await engine.close()
 
 
 async def test_a_server_that_drops_every_request_fails_it_after_one_resend():

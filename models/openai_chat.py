@@ -42,6 +42,7 @@ import httpx
 
 from models.base import PROMPT_PROGRESS, ChatMessage, LLMEngine, Sampling
 from models.errors import CadenceError, CapacityError, ConfigError, WorkerUnavailableError
+from models.http_send import send_detached
 from models.remote import CONNECT_FAILURES, replica_urls
 from models.replicas import DEFAULT_COOL_OFF_S, ReplicaSet
 
@@ -247,8 +248,8 @@ class OpenAIChatLLMEngine(LLMEngine):
             self._replicas.started(url)
             client = self._http(url)
             try:
-                return url, await client.send(client.build_request("POST", "/v1/chat/completions", json=body),
-                                              stream=True)
+                return url, await send_detached(client, client.build_request("POST", "/v1/chat/completions",
+                                                                             json=body), stream=True)
             except httpx.TransportError as exc:
                 self._replicas.finished(url)
                 if isinstance(exc, _STALE_CONNECTION) and not resent:

@@ -56,6 +56,7 @@ import numpy as np
 
 from models.base import ASREngine, EmbeddingEngine, TTSEngine, Transcript
 from models.errors import CadenceError, CapacityError, ConfigError, WorkerUnavailableError
+from models.http_send import cancel_send, send_detached
 from models.replicas import DEFAULT_COOL_OFF_S, ReplicaSet
 from models.scheduling import ANSWER_DEADLINE, WANTED_BY
 
@@ -271,7 +272,7 @@ class WorkerClient:
         `probe_after_s` in (at once, for a replica found silent before) and the replica's
         /healthz does not answer within `probe_timeout_s` either. While it does answer, the
         request is waited for, and the replica probed again every `probe_after_s`."""
-        sending = asyncio.ensure_future(client.send(request, stream=stream))
+        sending = asyncio.ensure_future(send_detached(client, request, stream=stream))
         probe: asyncio.Future[bool] | None = None
         patience = 0.0 if url in self._silent else self._options.probe_after_s
         waited = time.monotonic()
@@ -290,10 +291,10 @@ class WorkerClient:
                 self._heard_from(url)
                 patience = self._options.probe_after_s
             answer = sending.result()
-        finally:
+        finally:  # a send or probe not waited for any more: cancelled, leaking no connection (models/http_send.py)
             for task in (sending, probe):
                 if task is not None and not task.done():
-                    await _discard(task)
+                    await cancel_send(task)
         self._heard_from(url)
         return answer
 
@@ -307,7 +308,7 @@ class WorkerClient:
         """Whether the replica answers its /healthz within probe_timeout_s (any status: a process
         that answers at all is alive)."""
         try:
-            await self._prober.get(f"{url}/healthz")
+            await send_detached(self._prober, self._prober.build_request("GET", f"{url}/healthz"), stream=False)
         except httpx.TransportError:
             return False
         return True
@@ -363,18 +364,6 @@ class WorkerClient:
 
 class WorkerSilent(Exception):
     """A replica gave no answer to a request, nor to its health probe (stopped or wedged)."""
-
-
-async def _discard(task: asyncio.Future[Any]) -> None:
-    """Cancels `task` and waits for it to end (a cancellation of the caller still propagates);
-    a response it got in the meantime is closed."""
-    task.cancel()
-    await asyncio.wait({task})
-    if task.cancelled() or task.exception() is not None:
-        return
-    answer = task.result()
-    if isinstance(answer, httpx.Response):
-        await answer.aclose()
 
 
 def _new_request_id() -> str:

@@ -2,6 +2,7 @@
 small real HTTP server) here; against a real llama-server in tests/test_llama_server.py."""
 
 import asyncio
+import contextlib
 
 import pytest
 
@@ -129,6 +130,26 @@ async def test_no_connection_to_llama_server_is_kept_after_a_reply_and_other_ser
                 assert (server.requests, server.connections) == ((2, 1) if kept else (2, 2)), dialect
             finally:
                 await engine.close()
+
+
+async def test_replies_cancelled_at_any_step_leave_the_connection_pool_free():
+    """A barge-in or a hang-up cancels a reply anywhere, even while its connection is being made
+    (httpcore 1.0.9 then kept that connection's pool slot for good: tests/test_http_send.py)."""
+    server = _KeepAliveServer(answered_per_connection=1)
+    async with server as url:
+        engine = OpenAIChatLLMEngine(OpenAIChatOptions(url, max_in_flight=2))
+        try:
+            for _ in range(10):
+                for steps in range(30):
+                    replying = asyncio.ensure_future(_reply(engine))
+                    for _ in range(steps):
+                        await asyncio.sleep(0)  # one step of the loop, not a timed wait
+                    replying.cancel()
+                    with contextlib.suppress(asyncio.CancelledError):
+                        await replying
+            assert await _reply(engine) == "hi"
+        finally:
+            await engine.close()
 
 
 async def test_a_server_that_drops_every_request_fails_it_after_one_resend():

@@ -23,6 +23,7 @@ from dataclasses import dataclass
 import httpx
 
 from models.errors import CadenceError
+from models.http_send import send_detached
 from models.orpheus.tokens import END_OF_SPEECH
 
 CUSTOM_TOKEN_BASE = 128256  # <custom_token_0>
@@ -130,8 +131,10 @@ class OpenAICompletionsTokenSource:
         """Token ids as the server generates them; ends at end of speech or the server's end."""
         parser = CustomTokenParser()
         try:
-            async with self._client.stream("POST", self._url, json=self.request_body(prompt_ids, sampling),
-                                           headers=self._headers) as response:
+            request = self._client.build_request("POST", self._url, json=self.request_body(prompt_ids, sampling),
+                                                 headers=self._headers)
+            response = await send_detached(self._client, request, stream=True)  # a barge-in leaks no connection
+            try:
                 if response.status_code != 200:
                     body = (await response.aread())[:300].decode(errors="replace")
                     raise TokenSourceError(f"token server answered {response.status_code}: {body}")
@@ -144,6 +147,8 @@ class OpenAICompletionsTokenSource:
                     ids = parser.feed(_choice_text(data))
                     if ids:
                         yield ids
+            finally:
+                await response.aclose()
         except httpx.HTTPError as exc:
             raise TokenSourceError(f"token server at {self._url} failed: {exc.__class__.__name__}: {exc}") from exc
 

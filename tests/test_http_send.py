@@ -1,0 +1,93 @@
+"""Cancelled requests leak no pooled connection (models/http_send.py), against a real server on
+loopback that answers one request per connection and hangs up, as llama-server does."""
+
+from __future__ import annotations
+
+import asyncio
+
+import httpx
+import pytest
+
+from models.http_send import detached_in_flight, send_detached
+from tests.test_worker_server import until
+
+
+class OneShotServer:
+    """Answers each connection's one request with 200 "ok" and closes it."""
+
+    def __init__(self) -> None:
+        self.open_connections = 0
+        self._server: asyncio.Server | None = None
+
+    async def __aenter__(self) -> str:
+        self._server = await asyncio.start_server(self._serve, "127.0.0.1", 0)
+        return f"http://127.0.0.1:{self._server.sockets[0].getsockname()[1]}"
+
+    async def __aexit__(self, *exc) -> None:
+        self._server.close()
+        await self._server.wait_closed()
+
+    async def _serve(self, reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
+        self.open_connections += 1
+        try:
+            await reader.readuntil(b"\r\n\r\n")
+            writer.write(b"HTTP/1.1 200 OK\r\nContent-Length: 2\r\n\r\nok")
+            await writer.drain()
+        except (asyncio.IncompleteReadError, ConnectionError, asyncio.CancelledError):
+            pass  # the client hung up first
+        finally:
+            self.open_connections -= 1
+            writer.close()
+
+
+async def _cancel_sends_at_every_step(client: httpx.AsyncClient, send) -> None:
+    """Sends cancelled after 0, 1, ... 29 steps of the loop, twenty times over: some land between
+    the pool's choice of a new connection and its connect, httpcore 1.0.9's leak."""
+    for _ in range(20):
+        for steps in range(30):
+            sending = asyncio.ensure_future(send(client, client.build_request("GET", "/")))
+            for _ in range(steps):
+                await asyncio.sleep(0)  # one step of the loop, not a timed wait
+            sending.cancel()
+            try:
+                await (await sending).aclose()  # it was answered before the cancellation came
+            except asyncio.CancelledError:
+                pass
+
+
+async def _plain_send(client: httpx.AsyncClient, request: httpx.Request) -> httpx.Response:
+    return await client.send(request)
+
+
+async def _detached_send(client: httpx.AsyncClient, request: httpx.Request) -> httpx.Response:
+    return await send_detached(client, request, stream=False)
+
+
+def _client(url: str) -> httpx.AsyncClient:
+    return httpx.AsyncClient(base_url=url, limits=httpx.Limits(max_connections=2),
+                             timeout=httpx.Timeout(5.0, pool=0.5))
+
+
+async def test_cancelled_detached_sends_leave_the_pool_free_and_no_connection_open():
+    server = OneShotServer()
+    async with server as url:
+        client = _client(url)
+        try:
+            await _cancel_sends_at_every_step(client, _detached_send)
+            await until(lambda: detached_in_flight() == 0 and server.open_connections == 0)
+            assert (await _detached_send(client, client.build_request("GET", "/"))).text == "ok"
+        finally:
+            await client.aclose()
+
+
+async def test_the_leak_the_detached_send_avoids_is_real_in_this_httpcore():
+    """If this starts failing, httpcore no longer leaks: models/http_send.py can go."""
+    server = OneShotServer()
+    async with server as url:
+        client = _client(url)
+        try:
+            await _cancel_sends_at_every_step(client, _plain_send)
+            with pytest.raises(httpx.PoolTimeout):  # every slot held by a connection no request owns
+                await _plain_send(client, client.build_request("GET", "/"))
+        finally:
+            await client.aclose()

@@ -223,13 +223,14 @@ class FaultInjector:
 # llama-server's last report of progress through the prompt (for a server that reports none, the
 # deadline grows with the prompt: deadlines.llm_first_token_per_1k_prompt_chars); only the server
 # knows when that was.
-# The server's own lines when it gives up waiting on a model (pipelines/llm.py, pipelines/stt.py),
-# with the deadline it waited.
+# The server's own lines when it gives up waiting on a model, with how long after the request:
+# a deadline passed (pipelines/llm.py, pipelines/stt.py), or, for a worker, its probe unanswered
+# (models/remote.py; the transcript is then made in-process, a real reply).
 _STALL_LINES = {
     "llm": re.compile(r"^(\d{4}-\d\d-\d\d \d\d:\d\d:\d\d[.,]\d{3}) .*LLM reply: no first answer within ([0-9.]+) s",
                       re.MULTILINE),
-    "asr": re.compile(r"^(\d{4}-\d\d-\d\d \d\d:\d\d:\d\d[.,]\d{3}) .*no transcript within ([0-9.]+) s",
-                      re.MULTILINE),
+    "asr": re.compile(r"^(\d{4}-\d\d-\d\d \d\d:\d\d:\d\d[.,]\d{3}) .*(?:no transcript within|"
+                      r"asr worker at \S+ went silent: no answer) ([0-9.]+) s", re.MULTILINE),
 }
 
 

@@ -41,6 +41,8 @@ exception (/work/main/models/stalls.py:51): LLM unavailable: LLM reply: no first
 2026-12-05 10:41:26,100 ERROR pipelines.llm: LLM reply: no first answer within 6.0 s
 2026-12-05 10:41:21,700 WARNING pipelines.stt: transcript lost, the caller hears an apology: no transcript within 5.4 s
 2026-12-05 10:41:40,000 WARNING pipelines.stt: transcript lost, the caller hears an apology: no transcript within 4.0 s
+2026-12-05 10:41:52,200 WARNING models.remote: asr worker at http://127.0.0.1:8201 went silent: no answer 1.6 s into \
+a request, none to its health probe within 1.0 s; passed over for 30 s
 """
 
 
@@ -50,7 +52,8 @@ def _at(stamp: str) -> float:
 
 def test_the_llm_deadline_the_server_logged_is_read_with_its_time():
     assert stalls_logged(LOG, "llm") == [(_at("2026-12-05 10:41:24.840"), 9.3), (_at("2026-12-05 10:41:26.100"), 6.0)]
-    assert stalls_logged(LOG, "asr") == [(_at("2026-12-05 10:41:21.700"), 5.4), (_at("2026-12-05 10:41:40.000"), 4.0)]
+    assert stalls_logged(LOG, "asr") == [(_at("2026-12-05 10:41:21.700"), 5.4), (_at("2026-12-05 10:41:40.000"), 4.0),
+                                         (_at("2026-12-05 10:41:52.200"), 1.6)]
 
 
 def test_a_stopped_llm_is_known_when_the_server_gave_up_on_that_turn():
@@ -78,6 +81,10 @@ def test_a_stopped_asr_is_known_when_the_server_gave_up_on_the_transcript_begun_
     # known then, 1.4 s past the configured deadline counted from the end of speech (15.5 + 4.0).
     # The 4.0 s one began at 36.0, another turn's.
     assert _known_at(case, turn, deadlines, stalls) == pytest.approx(_at("2026-12-05 10:41:21.700"))
+    stuck = TurnRecord(caller=0, index=2, text="lunch?", voice="en", utterance_seconds=2.0)
+    stuck.speech_end_at = _at("2026-12-05 10:41:50.000")  # its worker found silent by its probe 1.6 s into the request
+    assert _known_at(dict(case, fault_at=stuck.speech_end_at), stuck, deadlines, stalls) == \
+        pytest.approx(_at("2026-12-05 10:41:52.200"))
     later = TurnRecord(caller=0, index=1, text="parking?", voice="en", utterance_seconds=2.0)
     later.speech_end_at = _at("2026-12-05 10:41:25.000")  # no logged request began within its wait
     assert _known_at(dict(case, fault_at=later.speech_end_at), later, deadlines, stalls) == \

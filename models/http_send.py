@@ -9,19 +9,19 @@ barge-in, a hang-up, a deadline), so a client lost a slot every few hundred canc
 (`chaos sdp`: 12-15 sockets to llama-server left after 20,000 offers), and once
 `max_connections` were gone every request would fail with PoolTimeout.
 
-`send_detached` never lets a cancellation reach httpcore before the request's connection is
-established: until httpcore starts writing the request on a connection (its `trace` events
-say when), the caller's cancellation takes effect at once for the caller while the send goes
-on in the background, until its headers come or its own timeouts end it, and the response is
-then closed (closing its connection, which is how the server learns the request was
-withdrawn). From then on the send is cancelled as any (httpcore closes an established
-connection it is cancelled on), so a worker still learns at once that a caller hung up.
-`detach` lets any such task the caller no longer waits for end by itself the same way.
+`send_detached` never lets a cancellation reach httpcore: the caller's cancellation takes
+effect at once for the caller, the send goes on in the background until its headers come or
+its own timeouts end it, and its response is then closed. A request that had a connection made
+for it has that connection closed at once instead (its network stream, from httpcore's `trace`
+events), so the server learns straight away that the request was withdrawn (a worker frees its
+slot when a caller hangs up); one on a reused pooled connection is withdrawn when its answer
+begins. `cancel_send` cancels a task that sends so, and `detach` lets one end by itself.
 """
 
 from __future__ import annotations
 
 import asyncio
+import contextlib
 from typing import Any
 
 import httpx
@@ -30,20 +30,14 @@ import httpx
 _detached: set[asyncio.Future[Any]] = set()
 
 
-# httpcore's trace events, "<connection class>.<step>.started": writing the request has begun,
-# so the connection is established (a pooled one, or a new one now connected).
-_WRITING = ("http11.send_request_headers.started", "http2.send_request_headers.started")
-
-
 async def send_detached(client: httpx.AsyncClient, request: httpx.Request, *, stream: bool) -> httpx.Response:
-    """`client.send(request, stream=stream)`, never cancelled mid-connect (see above)."""
-    established = False
+    """`client.send(request, stream=stream)`, never cancelled inside httpcore (see above)."""
+    opened: list[Any] = []  # the network stream of a connection made for this request
     traced = request.extensions.get("trace")
 
     async def trace(event: str, info: dict[str, Any]) -> None:
-        nonlocal established
-        if event in _WRITING:
-            established = True
+        if event == "connection.connect_tcp.complete" and info.get("return_value") is not None:
+            opened.append(info["return_value"])
         if traced is not None:
             await traced(event, info)
 
@@ -52,10 +46,12 @@ async def send_detached(client: httpx.AsyncClient, request: httpx.Request, *, st
     try:
         return await asyncio.shield(sending)
     except asyncio.CancelledError:
-        if established:
-            sending.cancel()
-            await asyncio.wait({sending})  # httpcore closes the connection; a second cancellation still propagates
-        detach(sending)  # left to end by itself, or ended: a response it got all the same is closed
+        detach(sending)  # it ends by itself; a response it gets all the same is closed
+        if opened and not sending.done():
+            # Withdrawn at the server now, not once it answers: the send then fails on its
+            # closed connection, which httpcore reaps as any failed one.
+            with contextlib.suppress(Exception):
+                await opened[0].aclose()
         raise
 
 

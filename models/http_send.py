@@ -5,9 +5,10 @@ the task sending a request is cancelled after the pool gave the request a new co
 before that connection was established (encode/httpcore#1093, open): the connection is then
 neither idle, nor closed, nor any request's, so it keeps one of the pool's slots for good, and
 its socket (CLOSE_WAIT once the server hangs up). Cadence cancels requests all the time (a
-barge-in, a hang-up, a deadline), so a client lost a slot every few hundred cancellations
-(`chaos sdp`: 12-15 sockets to llama-server left after 20,000 offers), and once
-`max_connections` were gone every request would fail with PoolTimeout.
+barge-in, a hang-up, a deadline), so a client could lose a slot every few hundred
+cancellations (tests/test_http_send.py fills a pool so), and once `max_connections` were gone
+every request would fail with PoolTimeout. (Found while looking for the sockets to
+llama-server that `chaos sdp` left in CLOSE_WAIT.)
 
 `send_detached` never lets a cancellation reach httpcore: the caller's cancellation takes
 effect at once for the caller, the send goes on in the background until its headers come or

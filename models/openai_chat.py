@@ -149,9 +149,9 @@ class OpenAIChatLLMEngine(LLMEngine):
             timeout = httpx.Timeout(self.options.read_timeout_s, connect=self.options.connect_timeout_s)
             # One connection per concurrent stream: the pool must not become the queue. None is
             # kept for llama-server, which closes a connection after its streamed reply or 5 s
-            # idle: kept, each was a dead descriptor here until a later request found it closed
-            # (up to max_in_flight of them; `chaos sdp` counted 12 after 20,000 offers), and a
-            # request sent in the instant of the close was lost (_STALE_CONNECTION).
+            # idle: kept, each was a dead descriptor here (CLOSE_WAIT) until a later request
+            # found it closed (up to max_in_flight of them), and a request sent in the instant
+            # of the close was lost (_STALE_CONNECTION).
             keep = 0 if self.options.dialect == "llama-server" else self.options.max_in_flight
             limits = httpx.Limits(max_connections=self.options.max_in_flight, max_keepalive_connections=keep)
             self._clients[url] = httpx.AsyncClient(base_url=url, timeout=timeout, limits=limits)

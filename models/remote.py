@@ -122,7 +122,6 @@ class WorkerClient:
         self._http = {url: httpx.AsyncClient(base_url=url, timeout=timeout, limits=limits) for url in self.urls}
         self._blocking = {url: httpx.Client(base_url=url, timeout=timeout, limits=limits) for url in self.urls}
         self._ready_timeout = httpx.Timeout(options.ready_timeout_s, connect=options.connect_timeout_s)
-        self._wait_for_worker = options.wait_for_worker
         self._options = options
         self._silent: set[str] = set()  # replicas found silent and not heard from since
         # Probes have connections of their own: a busy replica's pool may be full of requests.
@@ -317,7 +316,7 @@ class WorkerClient:
         """How long to wait before trying a request no replica took, or None to give up: this
         client does not wait, no deadline was set, or the wait would reach it."""
         deadline = ANSWER_DEADLINE.get()
-        if deadline is None or not self._wait_for_worker:
+        if deadline is None or not self._options.wait_for_worker:
             return None
         pause = min(WAIT_MAX_S, WAIT_FIRST_S * 2**waits)
         return pause if time.monotonic() + pause < deadline else None

@@ -72,11 +72,11 @@ async def test_a_deployments_asr_worker_gets_the_in_process_whisper_behind_it(de
     endpoint = Endpoint("asr", "faster-whisper", ("http://127.0.0.1:9",), None, 8)
     covered = engine_factory.build_asr(default_config, endpoint)
     assert isinstance(covered, FallbackASREngine)
-    assert type(covered._primary).__name__ == "RemoteASREngine" and not covered._primary._client._wait_for_worker
+    assert type(covered._primary).__name__ == "RemoteASREngine" and not covered._primary._client._options.wait_for_worker
     assert type(covered._fallback).__name__ == "WhisperASREngine"
     alone = engine_factory.build_asr(replace(default_config, asr=replace(default_config.asr, worker_fallback=False)),
                                      endpoint)
-    assert isinstance(alone, RemoteASREngine) and alone._client._wait_for_worker  # waits within the deadline
+    assert isinstance(alone, RemoteASREngine) and alone._client._options.wait_for_worker  # waits within the deadline
     await covered.close()
     await alone.close()
 

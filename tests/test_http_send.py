@@ -70,24 +70,16 @@ def _client(url: str) -> httpx.AsyncClient:
 
 async def test_cancelled_detached_sends_leave_the_pool_free_and_no_connection_open():
     server = OneShotServer()
-    async with server as url:
-        client = _client(url)
-        try:
-            await _cancel_sends_at_every_step(client, _detached_send)
-            await until(lambda: detached_in_flight() == 0 and server.open_connections == 0)
-            assert (await _detached_send(client, client.build_request("GET", "/"))).text == "ok"
-        finally:
-            await client.aclose()
+    async with server as url, _client(url) as client:
+        await _cancel_sends_at_every_step(client, _detached_send)
+        await until(lambda: detached_in_flight() == 0 and server.open_connections == 0)
+        assert (await _detached_send(client, client.build_request("GET", "/"))).text == "ok"
 
 
 async def test_the_leak_the_detached_send_avoids_is_real_in_this_httpcore():
     """If this starts failing, httpcore no longer leaks: models/http_send.py can go."""
     server = OneShotServer()
-    async with server as url:
-        client = _client(url)
-        try:
-            await _cancel_sends_at_every_step(client, _plain_send)
-            with pytest.raises(httpx.PoolTimeout):  # every slot held by a connection no request owns
-                await _plain_send(client, client.build_request("GET", "/"))
-        finally:
-            await client.aclose()
+    async with server as url, _client(url) as client:
+        await _cancel_sends_at_every_step(client, _plain_send)
+        with pytest.raises(httpx.PoolTimeout):  # every slot held by a connection no request owns
+            await _plain_send(client, client.build_request("GET", "/"))

@@ -323,6 +323,31 @@ class FakeClock:
         return self.now
 
 
+class TimedCodec:
+    """A codec whose every decode takes `seconds` on `clock` (a FakeClock), whatever it
+    took on this machine's: with tokens that take no time, a stream's choices (a head start
+    or not, how long) come out the same on a loaded machine as on an idle one."""
+
+    def __init__(self, codec, clock: FakeClock, seconds: float) -> None:
+        self._codec, self._clock, self._seconds = codec, clock, seconds
+
+    def __getattr__(self, name: str):
+        return getattr(self._codec, name)
+
+    async def decode(self, *args, **kwargs) -> np.ndarray:
+        audio = await self._codec.decode(*args, **kwargs)
+        self._clock.now += self._seconds
+        return audio
+
+    async def step(self, *args, **kwargs) -> np.ndarray:
+        audio = await self._codec.step(*args, **kwargs)
+        self._clock.now += self._seconds
+        return audio
+
+
+FAST_STEP_S = 0.02  # a decode step on a GPU, well inside a frame (85 ms)
+
+
 async def run_stream(snac, frames, chunk, *, clock=None):
     tokens = snac_codes_to_tokens(*frames_to_levels(frames))
     service = SnacDecodeService(snac, DecodeServiceConfig(batch_timeout_ms=5))
@@ -330,9 +355,14 @@ async def run_stream(snac, frames, chunk, *, clock=None):
     service.warm_up()  # as the engine does at load: a cold first step would rule the 1-frame head start out
     stats, closed = StreamStats(), []
     try:
-        kwargs = {"clock": clock} if clock else {}
-        chunks = [a async for a in stream_audio(scripted_tokens(tokens, chunk, closed, clock), service,
-                                                stats=stats, **kwargs)]
+        if clock is None:  # tokens as fast as they come; decodes timed on a fake clock
+            clock = FakeClock()
+            codec = TimedCodec(service, clock, FAST_STEP_S)
+            chunks = [a async for a in stream_audio(scripted_tokens(tokens, chunk, closed), codec,
+                                                    stats=stats, clock=clock)]
+        else:
+            chunks = [a async for a in stream_audio(scripted_tokens(tokens, chunk, closed, clock), service,
+                                                    stats=stats, clock=clock)]
         assert service.open_streams == 0 and closed == [True]
     finally:
         await service.close()

@@ -83,3 +83,49 @@ async def test_the_leak_the_detached_send_avoids_is_real_in_this_httpcore():
         await _cancel_sends_at_every_step(client, _plain_send)
         with pytest.raises(httpx.PoolTimeout):  # every slot held by a connection no request owns
             await _plain_send(client, client.build_request("GET", "/"))
+
+
+async def _cancel_reads_at_every_step(client: httpx.AsyncClient, send) -> None:
+    """Streamed responses read to their end and closed by a task cancelled after 0, 1, ... 9
+    steps of the loop, twenty times over: some land inside the close httpx makes as the body
+    ends, or in the caller's own close."""
+    for _ in range(20):
+        for steps in range(10):
+            response = await send(client, client.build_request("GET", "/"), stream=True)
+
+            async def read_and_close() -> None:
+                try:
+                    async for _ in response.aiter_bytes():
+                        pass
+                finally:
+                    await response.aclose()
+
+            reading = asyncio.ensure_future(read_and_close())
+            for _ in range(steps):
+                await asyncio.sleep(0)
+            reading.cancel()
+            await asyncio.wait({reading})
+            if not response.is_closed:  # cancelled before it began: never reached httpcore
+                await response.aclose()
+
+
+async def _plain_streamed_send(client: httpx.AsyncClient, request: httpx.Request, *, stream: bool) -> httpx.Response:
+    return await client.send(request, stream=stream)
+
+
+async def test_responses_read_and_closed_by_cancelled_callers_leave_the_pool_free():
+    server = OneShotServer()
+    async with server as url, _client(url) as client:
+        await _cancel_reads_at_every_step(client, send_detached)
+        await until(lambda: detached_in_flight() == 0 and server.open_connections == 0)
+        assert (await _detached_send(client, client.build_request("GET", "/"))).text == "ok"
+
+
+async def test_the_leak_in_closing_a_response_is_real_in_this_httpcore():
+    """If this starts failing, httpcore's close holds off asyncio's cancellation: send_detached's
+    responses need not close in the background."""
+    server = OneShotServer()
+    async with server as url, _client(url) as client:
+        with pytest.raises(httpx.PoolTimeout):  # both slots lost, often before the loop's end
+            await _cancel_reads_at_every_step(client, _plain_streamed_send)
+            await _plain_send(client, client.build_request("GET", "/"))

@@ -45,7 +45,7 @@ async def _cancel_sends_at_every_step(client: httpx.AsyncClient, send) -> None:
     the pool's choice of a new connection and its connect, httpcore 1.0.9's leak."""
     for _ in range(20):
         for steps in range(30):
-            sending = asyncio.ensure_future(send(client, client.build_request("GET", "/")))
+            sending = asyncio.ensure_future(send(client, client.build_request("GET", "/"), stream=False))
             for _ in range(steps):
                 await asyncio.sleep(0)  # one step of the loop, not a timed wait
             sending.cancel()
@@ -53,36 +53,6 @@ async def _cancel_sends_at_every_step(client: httpx.AsyncClient, send) -> None:
                 await (await sending).aclose()  # it was answered before the cancellation came
             except asyncio.CancelledError:
                 pass
-
-
-async def _plain_send(client: httpx.AsyncClient, request: httpx.Request) -> httpx.Response:
-    return await client.send(request)
-
-
-async def _detached_send(client: httpx.AsyncClient, request: httpx.Request) -> httpx.Response:
-    return await send_detached(client, request, stream=False)
-
-
-def _client(url: str) -> httpx.AsyncClient:
-    return httpx.AsyncClient(base_url=url, limits=httpx.Limits(max_connections=2),
-                             timeout=httpx.Timeout(5.0, pool=0.5))
-
-
-async def test_cancelled_detached_sends_leave_the_pool_free_and_no_connection_open():
-    server = OneShotServer()
-    async with server as url, _client(url) as client:
-        await _cancel_sends_at_every_step(client, _detached_send)
-        await until(lambda: detached_in_flight() == 0 and server.open_connections == 0)
-        assert (await _detached_send(client, client.build_request("GET", "/"))).text == "ok"
-
-
-async def test_the_leak_the_detached_send_avoids_is_real_in_this_httpcore():
-    """If this starts failing, httpcore no longer leaks: models/http_send.py can go."""
-    server = OneShotServer()
-    async with server as url, _client(url) as client:
-        await _cancel_sends_at_every_step(client, _plain_send)
-        with pytest.raises(httpx.PoolTimeout):  # every slot held by a connection no request owns
-            await _plain_send(client, client.build_request("GET", "/"))
 
 
 async def _cancel_reads_at_every_step(client: httpx.AsyncClient, send) -> None:
@@ -109,16 +79,32 @@ async def _cancel_reads_at_every_step(client: httpx.AsyncClient, send) -> None:
                 await response.aclose()
 
 
-async def _plain_streamed_send(client: httpx.AsyncClient, request: httpx.Request, *, stream: bool) -> httpx.Response:
+async def _plain_send(client: httpx.AsyncClient, request: httpx.Request, *, stream: bool = False) -> httpx.Response:
     return await client.send(request, stream=stream)
 
 
-async def test_responses_read_and_closed_by_cancelled_callers_leave_the_pool_free():
+def _client(url: str) -> httpx.AsyncClient:
+    return httpx.AsyncClient(base_url=url, limits=httpx.Limits(max_connections=2),
+                             timeout=httpx.Timeout(5.0, pool=0.5))
+
+
+@pytest.mark.parametrize("cancel_at_every_step", [_cancel_sends_at_every_step, _cancel_reads_at_every_step],
+                         ids=["sends", "reads"])
+async def test_cancelled_detached_sends_and_reads_leave_the_pool_free_and_no_connection_open(cancel_at_every_step):
     server = OneShotServer()
     async with server as url, _client(url) as client:
-        await _cancel_reads_at_every_step(client, send_detached)
+        await cancel_at_every_step(client, send_detached)
         await until(lambda: detached_in_flight() == 0 and server.open_connections == 0)
-        assert (await _detached_send(client, client.build_request("GET", "/"))).text == "ok"
+        assert (await send_detached(client, client.build_request("GET", "/"), stream=False)).text == "ok"
+
+
+async def test_the_leak_the_detached_send_avoids_is_real_in_this_httpcore():
+    """If this starts failing, httpcore no longer leaks: send_detached's shield can go."""
+    server = OneShotServer()
+    async with server as url, _client(url) as client:
+        await _cancel_sends_at_every_step(client, _plain_send)
+        with pytest.raises(httpx.PoolTimeout):  # every slot held by a connection no request owns
+            await _plain_send(client, client.build_request("GET", "/"))
 
 
 async def test_the_leak_in_closing_a_response_is_real_in_this_httpcore():
@@ -127,5 +113,5 @@ async def test_the_leak_in_closing_a_response_is_real_in_this_httpcore():
     server = OneShotServer()
     async with server as url, _client(url) as client:
         with pytest.raises(httpx.PoolTimeout):  # both slots lost, often before the loop's end
-            await _cancel_reads_at_every_step(client, _plain_streamed_send)
+            await _cancel_reads_at_every_step(client, _plain_send)
             await _plain_send(client, client.build_request("GET", "/"))

@@ -18,15 +18,16 @@ events), so the server learns straight away that the request was withdrawn (a wo
 slot when a caller hangs up); one on a reused pooled connection is withdrawn when its answer
 begins. `cancel_send` cancels a task that sends so, and `detach` lets one end by itself.
 
-Closing a streamed response leaks the same way: httpcore shields the close with anyio's
-CancelScope, which holds off anyio's cancellations but not asyncio's `task.cancel()`, so a
-cancellation that lands inside the close (a barge-in just as a reply ends: httpx closes the
-response as its body ends, in the reader's task) leaves the request in the pool and its
-connection ACTIVE for good (found by counting closes in a loop of cancelled llama-server
-replies: about one in 300 ended so). The responses `send_detached` returns therefore finish
-their close in the background when the task closing them is cancelled. A read cancelled
-mid-body is closed by httpcore in the same task, safely unless a second cancellation lands
-in that close.
+Reading and closing a streamed response leak the same way: httpcore shields its close with
+anyio's cancel scope, which holds off anyio's cancellations but not asyncio's `task.cancel()`.
+A cancellation that lands inside the close (a barge-in just as a reply ends: httpx closes the
+response as its body ends, in the reader's task; or a second cancellation while httpcore
+closes after the first) leaves the request in the pool and its connection ACTIVE for good
+(found by counting closes in a loop of cancelled llama-server replies: about one in 300 ended
+so; they were the CLOSE_WAIT sockets). So the body of a response `send_detached` returns is
+read and closed in tasks of their own: a reader cancelled mid-read withdraws the request (the
+connection's socket is closed at once, the pending read fails, httpcore reaps the connection
+in a task nobody cancels), and a close cancelled midway goes on to its end in the background.
 """
 
 from __future__ import annotations
@@ -70,28 +71,66 @@ async def send_detached(client: httpx.AsyncClient, request: httpx.Request, *, st
 async def _send(client: httpx.AsyncClient, request: httpx.Request, stream: bool) -> httpx.Response:
     response = await client.send(request, stream=stream)
     if stream:
-        response.stream = _ClosedToTheEnd(response.stream)
+        response.stream = _ShieldedBody(response.stream, response.extensions.get("network_stream"))
     return response
 
 
-class _ClosedToTheEnd(httpx.AsyncByteStream):
-    """A response's body whose close goes on to its end when the task closing it is cancelled."""
+class _ShieldedBody(httpx.AsyncByteStream):
+    """A streamed response's body, read and closed in tasks of its own so that no cancellation
+    of its reader reaches httpcore. A reader cancelled mid-read withdraws the request: the
+    connection's socket is closed, so the pending read fails at once (the server learns of it)
+    and httpcore closes the connection as any failed one, in a task nobody cancels."""
 
-    def __init__(self, stream: httpx.AsyncByteStream) -> None:
+    def __init__(self, stream: httpx.AsyncByteStream, network_stream: Any) -> None:
         self._stream = stream
+        self._network_stream = network_stream  # httpcore's, for HTTP/1.1; None: the read ends by its timeout
 
     async def __aiter__(self) -> AsyncIterator[bytes]:
-        async for part in self._stream:
+        parts = self._stream.__aiter__()
+        while True:
+            reading = asyncio.ensure_future(_next_part(parts))
+            try:
+                part = await asyncio.shield(reading)
+            except asyncio.CancelledError:
+                _in_background(self._withdraw(reading, parts))
+                raise
+            if part is None:
+                return
             yield part
+
+    async def _withdraw(self, reading: asyncio.Future[bytes | None], parts: AsyncIterator[bytes]) -> None:
+        if not reading.done() and self._network_stream is not None:
+            with contextlib.suppress(Exception):
+                await self._network_stream.aclose()
+        await asyncio.wait({reading})
+        if not reading.cancelled():
+            reading.exception()  # a read failed by the withdrawal: expected, retrieved
+        with contextlib.suppress(Exception):
+            await parts.aclose()  # type: ignore[attr-defined]  # an async generator, left at a part read
+        await self._stream.aclose()
 
     async def aclose(self) -> None:
         closing = asyncio.ensure_future(self._stream.aclose())
         try:
             await asyncio.shield(closing)
         except asyncio.CancelledError:
-            _detached.add(closing)  # it ends by itself
-            closing.add_done_callback(_forget)
+            _in_background(closing)
             raise
+
+
+async def _next_part(parts: AsyncIterator[bytes]) -> bytes | None:
+    """The body's next part, None at its end."""
+    try:
+        return await parts.__anext__()
+    except StopAsyncIteration:
+        return None
+
+
+def _in_background(work: Any) -> None:
+    """Runs `work` (a coroutine or task) to its end unwatched; what it raises is retrieved, not logged."""
+    task = asyncio.ensure_future(work)
+    _detached.add(task)
+    task.add_done_callback(_forget)
 
 
 async def cancel_send(task: asyncio.Future[Any]) -> None:
@@ -119,9 +158,7 @@ def _closed_when_done(task: asyncio.Future[Any]) -> None:
     if not isinstance(result, httpx.Response):
         _detached.discard(task)
         return
-    closing = asyncio.ensure_future(result.aclose())
-    _detached.add(closing)
-    closing.add_done_callback(_forget)
+    _in_background(result.aclose())
     _detached.discard(task)
 
 

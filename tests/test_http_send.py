@@ -13,10 +13,13 @@ from tests.test_worker_server import until
 
 
 class OneShotServer:
-    """Answers each connection's one request with 200 "ok" and closes it."""
+    """Answers each connection's one request with 200 "ok" and closes it; with `body_after_s`,
+    the headers at once and the body that much later (a reply being generated)."""
 
-    def __init__(self) -> None:
+    def __init__(self, *, body_after_s: float = 0.0) -> None:
         self.open_connections = 0
+        self.withdrawn = 0  # requests whose client hung up before the body came
+        self._body_after_s = body_after_s
         self._server: asyncio.Server | None = None
 
     async def __aenter__(self) -> str:
@@ -31,7 +34,14 @@ class OneShotServer:
         self.open_connections += 1
         try:
             await reader.readuntil(b"\r\n\r\n")
-            writer.write(b"HTTP/1.1 200 OK\r\nContent-Length: 2\r\n\r\nok")
+            writer.write(b"HTTP/1.1 200 OK\r\nContent-Length: 2\r\n\r\n")
+            if self._body_after_s:
+                await writer.drain()
+                await asyncio.sleep(self._body_after_s)
+                if reader.at_eof():
+                    self.withdrawn += 1
+                    return
+            writer.write(b"ok")
             await writer.drain()
         except (asyncio.IncompleteReadError, ConnectionError, asyncio.CancelledError):
             pass  # the client hung up first
@@ -63,20 +73,37 @@ async def _cancel_reads_at_every_step(client: httpx.AsyncClient, send) -> None:
         for steps in range(10):
             response = await send(client, client.build_request("GET", "/"), stream=True)
 
-            async def read_and_close() -> None:
-                try:
-                    async for _ in response.aiter_bytes():
-                        pass
-                finally:
-                    await response.aclose()
-
-            reading = asyncio.ensure_future(read_and_close())
+            reading = asyncio.ensure_future(_read_and_close(response))
             for _ in range(steps):
                 await asyncio.sleep(0)
             reading.cancel()
             await asyncio.wait({reading})
             if not response.is_closed:  # cancelled before it began: never reached httpcore
                 await response.aclose()
+
+
+async def _read_and_close(response: httpx.Response) -> None:
+    try:
+        async for _ in response.aiter_bytes():
+            pass
+    finally:
+        await response.aclose()
+
+
+async def _cancel_reads_twice(client: httpx.AsyncClient, send) -> None:
+    """Reads of a body that is slow to come cancelled, then cancelled again 0, 1, ... 4 steps of
+    the loop later, twenty times over (a deadline and a barge-in at once, or a canceller that
+    times out and cancels again): the second lands in the close httpcore makes for the first."""
+    for _ in range(20):
+        for gap in range(5):
+            response = await send(client, client.build_request("GET", "/"), stream=True)
+            reading = asyncio.ensure_future(_read_and_close(response))
+            await asyncio.sleep(0)  # it reads, and waits for the body
+            reading.cancel()
+            for _ in range(gap):
+                await asyncio.sleep(0)
+            reading.cancel()
+            await asyncio.wait({reading})
 
 
 async def _plain_send(client: httpx.AsyncClient, request: httpx.Request, *, stream: bool = False) -> httpx.Response:
@@ -115,3 +142,40 @@ async def test_the_leak_in_closing_a_response_is_real_in_this_httpcore():
         with pytest.raises(httpx.PoolTimeout):  # both slots lost, often before the loop's end
             await _cancel_reads_at_every_step(client, _plain_send)
             await _plain_send(client, client.build_request("GET", "/"))
+
+
+async def test_reads_cancelled_twice_leave_the_pool_free_and_no_connection_open():
+    server = OneShotServer(body_after_s=0.2)
+    async with server as url, _client(url) as client:
+        await _cancel_reads_twice(client, send_detached)
+        await until(lambda: detached_in_flight() == 0 and server.open_connections == 0)
+        assert server.withdrawn == 100  # each hung up at once, not once its body came
+        assert (await send_detached(client, client.build_request("GET", "/"), stream=False)).text == "ok"
+
+
+async def test_the_leak_in_reads_cancelled_twice_is_real_in_this_httpcore():
+    """If this starts failing, httpcore's close of a failed read holds off asyncio's cancellation:
+    send_detached's bodies need not be read in tasks of their own."""
+    server = OneShotServer(body_after_s=0.2)
+    async with server as url, _client(url) as client:
+        with pytest.raises(httpx.PoolTimeout):
+            await _cancel_reads_twice(client, _plain_send)
+            await _plain_send(client, client.build_request("GET", "/"))
+
+
+async def test_a_read_cancelled_withdraws_the_request_at_once_even_with_the_response_left_open():
+    server = OneShotServer(body_after_s=0.5)
+    async with server as url, _client(url) as client:
+        response = await send_detached(client, client.build_request("GET", "/"), stream=True)
+
+        async def read_only() -> None:  # a careless caller: never closes the response
+            async for _ in response.aiter_bytes():
+                pass
+
+        reading = asyncio.ensure_future(read_only())
+        await asyncio.sleep(0)
+        reading.cancel()
+        await asyncio.wait({reading})
+        await until(lambda: server.open_connections == 0 and detached_in_flight() == 0)
+        assert server.withdrawn == 1  # the server learnt of it before its body was due
+        assert (await send_detached(client, client.build_request("GET", "/"), stream=False)).text == "ok"

@@ -93,10 +93,10 @@ async def remote_stream(url: str, frames: np.ndarray, chunk: int, *, clock=None)
     try:
         if clock is None:  # tokens as fast as they come; decodes timed on a fake clock
             clock = FakeClock()
-            source, timed = scripted_tokens(tokens, chunk, closed), TimedCodec(codec, clock, FAST_STEP_S)
+            source, timed_codec = scripted_tokens(tokens, chunk, closed), TimedCodec(codec, clock, FAST_STEP_S)
         else:
-            source, timed = scripted_tokens(tokens, chunk, closed, clock), codec
-        chunks = [a async for a in stream_audio(source, timed, stats=stats, clock=clock)]
+            source, timed_codec = scripted_tokens(tokens, chunk, closed, clock), codec
+        chunks = [a async for a in stream_audio(source, timed_codec, stats=stats, clock=clock)]
         assert codec.open_streams == 0 and closed == [True]
     finally:
         await codec.close()

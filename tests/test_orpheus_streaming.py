@@ -357,12 +357,10 @@ async def run_stream(snac, frames, chunk, *, clock=None):
     try:
         if clock is None:  # tokens as fast as they come; decodes timed on a fake clock
             clock = FakeClock()
-            codec = TimedCodec(service, clock, FAST_STEP_S)
-            chunks = [a async for a in stream_audio(scripted_tokens(tokens, chunk, closed), codec,
-                                                    stats=stats, clock=clock)]
+            source, codec = scripted_tokens(tokens, chunk, closed), TimedCodec(service, clock, FAST_STEP_S)
         else:
-            chunks = [a async for a in stream_audio(scripted_tokens(tokens, chunk, closed, clock), service,
-                                                    stats=stats, clock=clock)]
+            source, codec = scripted_tokens(tokens, chunk, closed, clock), service
+        chunks = [a async for a in stream_audio(source, codec, stats=stats, clock=clock)]
         assert service.open_streams == 0 and closed == [True]
     finally:
         await service.close()

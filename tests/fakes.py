@@ -110,3 +110,22 @@ class HashingEmbedder(EmbeddingEngine):
 
     async def embed(self, texts: Sequence[str]) -> np.ndarray:
         return self.embed_blocking(texts)
+
+
+class LoopbackServer:
+    """A raw TCP server on a free loopback port, for tests that need an HTTP peer behaving as no
+    real server library would let it (hanging up mid-answer, answering late). Subclasses write
+    `_serve`; `async with` gives the base URL and closes the server after."""
+
+    _server: asyncio.Server | None = None
+
+    async def __aenter__(self) -> str:
+        self._server = await asyncio.start_server(self._serve, "127.0.0.1", 0)
+        return f"http://127.0.0.1:{self._server.sockets[0].getsockname()[1]}"
+
+    async def __aexit__(self, *exc) -> None:
+        self._server.close()
+        await self._server.wait_closed()
+
+    async def _serve(self, reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
+        raise NotImplementedError

@@ -31,7 +31,7 @@ from models.orpheus.remote_codec import RemoteSnacCodec
 from models.orpheus.snac_decoder import frames_tensor, load_snac
 from models.orpheus.streaming import StreamStats, stream_audio
 from models.orpheus.tokens import SAMPLES_PER_FRAME, frames_to_levels
-from tests.test_orpheus_streaming import EXACT_ATOL, FAST_STEP_S, FakeClock, TimedCodec, scripted_tokens
+from tests.test_orpheus_streaming import EXACT_ATOL, FakeClock, scripted_stream
 from tests.test_worker_server import _listening_socket, serving, until
 from workers.batcher import BatchRecord
 from workers.server import WorkerLimits, build_worker_app
@@ -91,11 +91,7 @@ async def remote_stream(url: str, frames: np.ndarray, chunk: int, *, clock=None)
     tokens = snac_codes_to_tokens(*frames_to_levels(frames))
     stats, closed = StreamStats(), []
     try:
-        if clock is None:  # tokens as fast as they come; decodes timed on a fake clock
-            clock = FakeClock()
-            source, timed_codec = scripted_tokens(tokens, chunk, closed), TimedCodec(codec, clock, FAST_STEP_S)
-        else:
-            source, timed_codec = scripted_tokens(tokens, chunk, closed, clock), codec
+        source, timed_codec, clock = scripted_stream(tokens, chunk, closed, codec, clock)
         chunks = [a async for a in stream_audio(source, timed_codec, stats=stats, clock=clock)]
         assert codec.open_streams == 0 and closed == [True]
     finally:

@@ -9,10 +9,11 @@ import httpx
 import pytest
 
 from models.http_send import detached_in_flight, send_detached
+from tests.fakes import LoopbackServer
 from tests.test_worker_server import until
 
 
-class OneShotServer:
+class OneShotServer(LoopbackServer):
     """Answers each connection's one request with 200 "ok" and closes it; with `body_after_s`,
     the headers at once and the body that much later (a reply being generated)."""
 
@@ -20,15 +21,6 @@ class OneShotServer:
         self.open_connections = 0
         self.withdrawn = 0  # requests whose client hung up before the body came
         self._body_after_s = body_after_s
-        self._server: asyncio.Server | None = None
-
-    async def __aenter__(self) -> str:
-        self._server = await asyncio.start_server(self._serve, "127.0.0.1", 0)
-        return f"http://127.0.0.1:{self._server.sockets[0].getsockname()[1]}"
-
-    async def __aexit__(self, *exc) -> None:
-        self._server.close()
-        await self._server.wait_closed()
 
     async def _serve(self, reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
         self.open_connections += 1

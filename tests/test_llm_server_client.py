@@ -9,6 +9,7 @@ import pytest
 from models.base import Sampling
 from models.errors import ConfigError, WorkerUnavailableError
 from models.openai_chat import LLMServerError, OpenAIChatLLMEngine, OpenAIChatOptions, ServerSentEvents
+from tests.fakes import LoopbackServer
 from tests.test_worker_server import until
 
 
@@ -57,7 +58,7 @@ def test_an_agents_sampling_keeps_its_own_settings_and_takes_the_rest_from_the_d
     assert Sampling().over(default) == default
 
 
-class _KeepAliveServer:
+class _KeepAliveServer(LoopbackServer):
     """A real HTTP/1.1 server on loopback that answers `answered_per_connection` requests on
     each connection with a short streamed reply, then closes the connection on the next one
     without a word, as llama-server's close after a streamed reply meets a request sent in
@@ -71,15 +72,6 @@ class _KeepAliveServer:
         self.connections = 0
         self.requests = 0
         self.closed_by_client = 0
-        self._server = None
-
-    async def __aenter__(self) -> str:
-        self._server = await asyncio.start_server(self._serve, "127.0.0.1", 0)
-        return f"http://127.0.0.1:{self._server.sockets[0].getsockname()[1]}"
-
-    async def __aexit__(self, *exc) -> None:
-        self._server.close()
-        await self._server.wait_closed()
 
     async def _serve(self, reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
         self.connections += 1

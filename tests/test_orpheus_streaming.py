@@ -348,6 +348,16 @@ class TimedCodec:
 FAST_STEP_S = 0.02  # a decode step on a GPU, well inside a frame (85 ms)
 
 
+def scripted_stream(token_ids: list[int], chunk: int, closed: list[bool], codec, clock: FakeClock | None):
+    """`stream_audio`'s token source, codec and clock for a scripted utterance. With `clock`,
+    tokens come at real-time pace on it and decodes take none of it; without, tokens come as
+    fast as they can and each decode takes FAST_STEP_S on a fake clock of its own."""
+    if clock is None:
+        clock = FakeClock()
+        return scripted_tokens(token_ids, chunk, closed), TimedCodec(codec, clock, FAST_STEP_S), clock
+    return scripted_tokens(token_ids, chunk, closed, clock), codec, clock
+
+
 async def run_stream(snac, frames, chunk, *, clock=None):
     tokens = snac_codes_to_tokens(*frames_to_levels(frames))
     service = SnacDecodeService(snac, DecodeServiceConfig(batch_timeout_ms=5))
@@ -355,11 +365,7 @@ async def run_stream(snac, frames, chunk, *, clock=None):
     service.warm_up()  # as the engine does at load: a cold first step would rule the 1-frame head start out
     stats, closed = StreamStats(), []
     try:
-        if clock is None:  # tokens as fast as they come; decodes timed on a fake clock
-            clock = FakeClock()
-            source, codec = scripted_tokens(tokens, chunk, closed), TimedCodec(service, clock, FAST_STEP_S)
-        else:
-            source, codec = scripted_tokens(tokens, chunk, closed, clock), service
+        source, codec, clock = scripted_stream(tokens, chunk, closed, service, clock)
         chunks = [a async for a in stream_audio(source, codec, stats=stats, clock=clock)]
         assert service.open_streams == 0 and closed == [True]
     finally:

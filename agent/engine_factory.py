@@ -1,6 +1,6 @@
 """Builds the engines a config names: in-process ones from its sections, or clients of the
 workers its deployment places (see agent/model_plane.py). Engines are imported lazily: a
-deployment that uses a remote LLM never imports llama.cpp, and a GPL voice is only
+deployment that uses a remote LLM never starts a llama-server of its own, and a GPL voice is only
 imported if chosen."""
 
 from __future__ import annotations
@@ -48,11 +48,11 @@ def build_llm(config: CadenceConfig, endpoint: Endpoint | None = None) -> LLMEng
             base_url=endpoint.urls[0], replica_urls=endpoint.urls[1:], model=endpoint.model or "default",
             dialect=dialect, default_sampling=config.llm.default_sampling, use_priority=dialect == "vllm",
             context_tokens=endpoint.context_tokens))
-    if config.llm.engine == "llama-cpp":
-        from models.llama_cpp_llm import LlamaCppLLMEngine
+    if config.llm.engine in ("llama-server", "llama-cpp"):  # llama-cpp: the same engine's former name
+        from workers.own_llama_server import OwnLlamaServerLLMEngine
 
-        return LlamaCppLLMEngine(config.llm)
-    raise ConfigError(f"llm.engine {config.llm.engine!r} is unknown; known: llama-cpp")
+        return OwnLlamaServerLLMEngine(config.llm)
+    raise ConfigError(f"llm.engine {config.llm.engine!r} is unknown; known: llama-server")
 
 
 def build_tts(config: CadenceConfig, endpoint: Endpoint | None = None, codec: Endpoint | None = None) -> TTSEngine:

@@ -5,8 +5,6 @@ through a worker on loopback, alternating, on an otherwise idle machine.
 
 - embedder: one short query (what retrieval sends per turn), in-process ONNX against the
   same model in `workers.serve_worker`; the difference is the hop (HTTP, JSON, base64).
-- llm: time to the first streamed piece of a short reply, in-process llama.cpp against
-  llama-server (both on the same GGUF and threads), prompt cached as in a call's turns.
 - codec: one stream step of one SNAC frame (what an Orpheus stream sends ~12 times a
   second), the in-process decode service against the codec worker (WebSocket), both on
   one thread with the same random-weight SNAC (the decode costs the same with real weights).
@@ -29,10 +27,7 @@ import yaml
 
 from agent.model_plane import free_port_run
 from models.assets import resolve_local
-from models.base import Sampling
 from models.embedding import EmbeddingOptions, build_embedder
-from models.llama_cpp_llm import LlamaCppLLMEngine, LlamaCppOptions
-from models.openai_chat import OpenAIChatLLMEngine, OpenAIChatOptions
 from models.orpheus.decode_service import DecodeServiceConfig, SnacDecodeService
 from models.orpheus.remote_codec import RemoteSnacCodec
 from models.orpheus.snac_decoder import load_snac
@@ -43,26 +38,12 @@ from workers.placement import plan
 from workers.supervisor import WorkerSupervisor
 
 QUERY = "What time does the clinic open on Saturdays?"
-MESSAGES = [{"role": "system", "content": "You answer questions for callers to a clinic."},
-            {"role": "user", "content": QUERY}]
 
 
 def percentiles(samples: list[float]) -> dict[str, float]:
     ordered = sorted(samples)
     return {"p50": round(statistics.median(ordered), 2),
             "p95": round(ordered[min(len(ordered) - 1, int(0.95 * len(ordered)))], 2), "n": len(ordered)}
-
-
-async def _first_piece_ms(engine, max_tokens: int = 4) -> float:
-    start = time.perf_counter()
-    stream = engine.stream_chat(MESSAGES, max_tokens=max_tokens, sampling=Sampling(temperature=0.0))
-    try:
-        async for piece in stream:
-            if piece:  # not llama-server's progress through the prompt
-                break
-        return (time.perf_counter() - start) * 1000
-    finally:
-        await stream.aclose()
 
 
 async def measure(rounds: int) -> dict:
@@ -73,38 +54,30 @@ async def measure(rounds: int) -> dict:
                      # max_batch 1: a lone request runs at once, so what is measured is the hop,
                      # not the batcher's wait for company (up to its timeout_ms under load).
                      "threads": 1, "max_streams": 4, "batching": {"max_batch": 1, "timeout_ms": 1}},
-        "llm": {"engine": "llama-server", "run": "process", "model": "package:smollm2-135m-instruct",
-                "threads": 2, "max_streams": 1, "context_tokens_per_stream": 2048},
         "codec": {"engine": "snac", "run": "process", "model": "random", "threads": 1, "max_streams": 4,
                   "batching": {"max_batch": 16, "timeout_ms": 15}}}}))
     deployment = load_deployment(source)
-    placed = plan(deployment, (), find_binary=find_binary, resolve_model=resolve_local, base_port=free_port_run(4))
+    placed = plan(deployment, (), find_binary=find_binary, resolve_model=resolve_local, base_port=free_port_run(2))
     urls = {w.spec.role: w.url for w in placed.workers}
     supervisor = WorkerSupervisor(placed.launches, log_dir=folder)
     await supervisor.start()
     local_embedder = build_embedder(EmbeddingOptions(threads=1))
     remote_embedder = RemoteEmbeddingEngine(urls["embedder"], 384)
-    local_llm = LlamaCppLLMEngine(LlamaCppOptions(threads=2))
-    remote_llm = OpenAIChatLLMEngine(OpenAIChatOptions(base_url=urls["llm"]))
     local_codec = SnacDecodeService(load_snac(None), DecodeServiceConfig(threads=1))
     remote_codec = await asyncio.to_thread(RemoteSnacCodec(urls["codec"]).load)
     try:
-        for engine in (local_embedder, remote_embedder, local_llm, remote_llm):
+        for engine in (local_embedder, remote_embedder):
             await asyncio.to_thread(engine.load)
             await asyncio.to_thread(engine.warm_up)
-        results: dict[str, dict[str, list[float]]] = {"embedder": {"local": [], "remote": []},
-                                                      "llm_first_piece": {"local": [], "remote": []}}
+        results: dict[str, dict[str, list[float]]] = {"embedder": {"local": [], "remote": []}}
         for _ in range(rounds):  # alternating, so drift in the machine's load hits both alike
             for name, engine in (("local", local_embedder), ("remote", remote_embedder)):
                 start = time.perf_counter()
                 await engine.embed([QUERY])
                 results["embedder"][name].append((time.perf_counter() - start) * 1000)
-        for _ in range(max(10, rounds // 10)):
-            for name, engine in (("local", local_llm), ("remote", remote_llm)):
-                results["llm_first_piece"][name].append(await _first_piece_ms(engine))
         results["codec_step"] = await _codec_steps(local_codec, remote_codec, rounds)
     finally:
-        for engine in (local_embedder, remote_embedder, local_llm, remote_llm, local_codec, remote_codec):
+        for engine in (local_embedder, remote_embedder, local_codec, remote_codec):
             await engine.close()
         await supervisor.stop()
     report = {}
@@ -135,7 +108,7 @@ async def _codec_steps(local: SnacDecodeService, remote: RemoteSnacCodec, rounds
 
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(prog="python -m latency_bench.hop_bench", description=__doc__.split("\n\n")[0])
-    parser.add_argument("--rounds", type=int, default=200, help="embedder requests each way (LLM: a tenth)")
+    parser.add_argument("--rounds", type=int, default=200, help="embedder requests and codec steps each way")
     parser.add_argument("--json", action="store_true", help="print one JSON object")
     args = parser.parse_args(argv)
     report = asyncio.run(measure(args.rounds))

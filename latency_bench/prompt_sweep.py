@@ -3,7 +3,7 @@
     python -m latency_bench.prompt_sweep --out DIR [--json] [--quick]
     python -m latency_bench.prompt_sweep --out DIR --rejudge OLD/sweep.json   (new facts, same replies)
 
-Loads the GGUF the server uses (not the server) and asks every question of
+Serves the GGUF the server uses (a llama-server of its own, not Cadence) and asks every question of
 `quality_set.json` under each candidate: a system prompt x temperature, then the best few
 again with a lighter repeat penalty. Each reply is shaped as the server shapes it (64
 tokens, cut after 2 sentences by the server's own `SentenceBudget`) and judged by
@@ -173,23 +173,34 @@ def rank_key(summary: dict) -> tuple:
 
 
 class ReplySource:
-    """The server's model, loaded once; one blocking chat completion per question."""
+    """The server's model behind a llama-server of its own (one slot), started once; one
+    blocking chat completion per question. A context manager: the server stops at its end."""
 
     def __init__(self, threads: int = THREADS) -> None:
-        from llama_cpp import Llama
+        import httpx
 
-        from models.assets import resolve_local
+        from workers.own_llama_server import LlamaServerOptions, OwnLlamaServerLLMEngine
 
-        path = resolve_local(MODEL)
-        if path is None:
-            raise RuntimeError(f"{MODEL} is not installed (see README: make setup)")
-        self._llama = Llama(model_path=str(path), n_ctx=CONTEXT_TOKENS, n_threads=threads, verbose=False)
+        self._engine = OwnLlamaServerLLMEngine(LlamaServerOptions(model=MODEL, context_tokens=CONTEXT_TOKENS,
+                                                                  threads=threads, slots=1))
+        self._engine.load()
+        self._http = httpx.Client(base_url=self._engine.base_url, timeout=120)
+
+    def __enter__(self) -> ReplySource:
+        return self
+
+    def __exit__(self, *exc_info: object) -> None:
+        import asyncio
+
+        self._http.close()
+        asyncio.run(self._engine.close())
 
     def reply(self, candidate: Candidate, messages: list[dict], seed: int) -> str:
-        result = self._llama.create_chat_completion(
-            messages=messages, max_tokens=MAX_REPLY_TOKENS, temperature=candidate.temperature,
-            top_p=candidate.top_p, repeat_penalty=candidate.repeat_penalty, seed=seed)
-        return result["choices"][0]["message"]["content"] or ""
+        answer = self._http.post("/v1/chat/completions", json={
+            "messages": messages, "max_tokens": MAX_REPLY_TOKENS, "temperature": candidate.temperature,
+            "top_p": candidate.top_p, "repeat_penalty": candidate.repeat_penalty, "seed": seed})
+        answer.raise_for_status()
+        return answer.json()["choices"][0]["message"]["content"] or ""
 
 
 def evaluate(candidate: Candidate, questions: Sequence[dict], paragraphs: Sequence[Passage],
@@ -337,17 +348,17 @@ def _run_sweep(args: argparse.Namespace, started: float) -> list[dict]:
     temperatures = ([float(t) for t in args.temperatures.split(",")] if args.temperatures
                     else TEMPERATURES[:1] if args.quick else TEMPERATURES)
     paragraphs = knowledge_paragraphs(list(ROOT.glob(KNOWLEDGE_GLOB)))
-    source = ReplySource(args.threads)
 
     def progress(result: dict) -> None:
         s = result["summary"]
         print(f"[{time.monotonic() - started:6.0f} s] {result['label']}: refusals {_pct(s['refusal_rate'])}, "
               f"accuracy {_pct(s['accuracy'])}, median {s['median_words']} words", file=sys.stderr, flush=True)
 
-    return sweep(load_questions(), paragraphs, source.reply, prompts={n: PROMPTS[n] for n in names},
-                 temperatures=temperatures, finalists=args.finalists, refine=0 if args.quick else args.refine,
-                 passages=f"{args.references}:{args.passages}", repeat_penalty=args.repeat_penalty,
-                 seeds=range(args.seed, args.seed + args.seeds), progress=progress)
+    with ReplySource(args.threads) as source:
+        return sweep(load_questions(), paragraphs, source.reply, prompts={n: PROMPTS[n] for n in names},
+                     temperatures=temperatures, finalists=args.finalists, refine=0 if args.quick else args.refine,
+                     passages=f"{args.references}:{args.passages}", repeat_penalty=args.repeat_penalty,
+                     seeds=range(args.seed, args.seed + args.seeds), progress=progress)
 
 
 if __name__ == "__main__":

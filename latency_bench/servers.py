@@ -21,6 +21,7 @@ import yaml
 
 from agent.config import load_config
 from models.assets import default_cache_dir, resolve_local
+from workers.binaries import find_binary
 
 REPO = Path(__file__).resolve().parent.parent
 DEFAULT_CONFIG = REPO / "configs" / "default.yaml"
@@ -133,14 +134,18 @@ def cadence(out: Path, *, max_calls: int, config: Path = DEFAULT_CONFIG, deploym
 
 @contextlib.contextmanager
 def stock_pipecat(out: Path, *, turn_stop: str = "smart-turn", stop_secs: float = 0.4) -> Iterator[str]:
-    """llama-cpp-python's OpenAI-compatible server on the same GGUF, and the stock pipeline on it."""
+    """llama.cpp's own OpenAI-compatible server on the same GGUF, as a user of stock pipecat
+    would start it (one slot, the defaults otherwise), and the stock pipeline on it."""
     cadence_config = load_config(DEFAULT_CONFIG)
     gguf = resolve_local(cadence_config.llm.model, default_cache_dir())
+    binary = find_binary("llama-server")
+    if binary is None:
+        raise RuntimeError("llama-server is not built; run `make llama-server`")
     out.mkdir(parents=True, exist_ok=True)
     llm_port, port = free_port(), free_port()
-    llm_argv = [sys.executable, "-m", "llama_cpp.server", "--model", str(gguf), "--host", "127.0.0.1",
-                "--port", str(llm_port), "--n_ctx", str(cadence_config.llm.context_tokens),
-                "--n_threads", str(cadence_config.llm.threads), "--model_alias", "smollm2"]
+    llm_argv = [binary, "-m", str(gguf), "--host", "127.0.0.1", "--port", str(llm_port),
+                "-c", str(cadence_config.llm.context_tokens), "--threads", str(cadence_config.llm.threads),
+                "--parallel", "1", "--alias", "smollm2", "--no-webui"]
     with child(llm_argv, out / "stock-llm.log", f"http://127.0.0.1:{llm_port}/v1/models"):
         with child([sys.executable, "-m", "latency_bench.stock_pipecat", "--port", str(port),
                     "--llm-url", f"http://127.0.0.1:{llm_port}/v1", "--turn-stop", turn_stop,

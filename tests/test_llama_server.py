@@ -1,5 +1,6 @@
 """llama.cpp's own server as the LLM worker: started by the supervisor from a deployment,
-serving several calls' replies at once, and coming back after it is killed mid-reply."""
+serving several calls' replies at once, and coming back after it is killed mid-reply; and
+as the LLM of a process with no deployment, started and stopped by its engine."""
 
 import asyncio
 import os
@@ -11,9 +12,10 @@ import pytest
 from agent.model_plane import free_port_run
 from models.assets import resolve_local
 from models.base import Sampling
-from models.errors import WorkerUnavailableError
+from models.errors import ModelAssetError, WorkerUnavailableError
 from models.openai_chat import OpenAIChatLLMEngine, OpenAIChatOptions
 from workers.binaries import find_binary
+from workers.own_llama_server import LlamaServerOptions, OwnLlamaServerLLMEngine
 from workers.deployment import parse_deployment
 from workers.placement import plan
 from workers.supervisor import SupervisorOptions, WorkerSupervisor
@@ -104,3 +106,38 @@ async def test_a_killed_worker_fails_its_reply_fast_and_is_back_soon(llm_worker)
         assert time.perf_counter() < deadline, "the worker did not come back within 30 s"
         await asyncio.sleep(0.1)
     assert await _timed_reply(engine, "What is two plus two?", time.perf_counter())
+
+
+# The LLM without a deployment: a llama-server of the engine's own (workers/own_llama_server.py).
+
+
+async def test_an_engine_of_its_own_starts_its_server_replies_and_leaves_no_process(tmp_path):
+    engine = OwnLlamaServerLLMEngine(LlamaServerOptions(context_tokens=1024, slots=1))
+    await asyncio.to_thread(engine.load)
+    pid = engine._process.pid
+    try:
+        pieces = [piece async for piece in engine.stream_chat(
+            [{"role": "user", "content": "Say hello."}], max_tokens=8, sampling=Sampling(temperature=0.0))]
+        assert "".join(pieces).strip(), pieces
+        assert engine.reports_prompt_progress and engine.context_tokens == 1024
+    finally:
+        await engine.close()
+    assert engine.base_url is None
+    with pytest.raises(ProcessLookupError):
+        os.kill(pid, 0)  # gone, and reaped
+    await engine.close()  # idempotent
+
+
+def test_an_engine_whose_server_cannot_start_says_why(tmp_path, monkeypatch):
+    failing = tmp_path / "llama-server"
+    failing.write_text("#!/bin/sh\necho 'error: unable to load model' >&2\nexit 3\n")
+    failing.chmod(0o755)
+    monkeypatch.setenv("CADENCE_LLAMA_SERVER", str(failing))
+    engine = OwnLlamaServerLLMEngine(LlamaServerOptions())
+    with pytest.raises(WorkerUnavailableError, match="exited with 3 .*unable to load model"):
+        engine.load()
+
+
+def test_an_engine_given_no_such_model_names_the_reference():
+    with pytest.raises(ModelAssetError, match="no-such.gguf"):
+        OwnLlamaServerLLMEngine(LlamaServerOptions(model="/nowhere/no-such.gguf")).load()

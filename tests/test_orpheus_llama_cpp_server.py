@@ -1,17 +1,16 @@
 """The Orpheus token source against a real OpenAI-compatible server process: llama.cpp's
-(`python -m llama_cpp.server`) serving a tiny random-weight Llama with Orpheus' vocabulary
+`llama-server` (the one `make setup` builds) serving a tiny random-weight Llama with Orpheus' vocabulary
 (`models/orpheus/tiny_gguf.py`). vLLM and trtllm-serve, which take the prompt as token
 ids, cannot run here; llama.cpp's completions endpoint takes text (prompt_format="text")."""
 
 from __future__ import annotations
-
-import sys
 
 import httpx
 import numpy as np
 import pytest
 
 from latency_bench.servers import child, free_port
+from workers.binaries import find_binary
 from models.orpheus import FrameAssembler, prompt_ids
 from models.orpheus.build import byte_detokenizer, byte_tokenizer
 from models.orpheus.decode_service import SnacDecodeService
@@ -32,10 +31,12 @@ def llama_cpp_server(tmp_path_factory):
     folder = tmp_path_factory.mktemp("llama-cpp")
     model = folder / "tiny-orpheus.gguf"
     write_tiny_orpheus_gguf(model)
+    binary = find_binary("llama-server")
+    assert binary is not None, "llama-server is not built: run `make setup`"
     url = f"http://127.0.0.1:{free_port()}"
-    argv = [sys.executable, "-m", "llama_cpp.server", "--model", str(model), "--host", "127.0.0.1",
-            "--port", url.rsplit(":", 1)[1], "--n_ctx", "4096"]
-    with child(argv, folder / "server.log", url + "/v1/models", timeout_s=60):
+    argv = [binary, "-m", str(model), "--host", "127.0.0.1", "--port", url.rsplit(":", 1)[1], "-c", "4096",
+            "--parallel", "1", "--threads", "2", "--no-webui"]
+    with child(argv, folder / "server.log", url + "/health", timeout_s=60):
         yield url
 
 
@@ -46,7 +47,9 @@ def text_source(url: str) -> OpenAICompletionsTokenSource:
 async def test_the_server_tokenizes_the_text_prompt_into_orpheus_prompt_ids(llama_cpp_server):
     text = text_source(llama_cpp_server).request_body(prompt_ids(byte_tokenizer, "tara", "Hello there."), SAMPLING)
     async with httpx.AsyncClient(base_url=llama_cpp_server) as http:
-        ids = (await http.post("/extras/tokenize", json={"input": text["prompt"]})).json()["tokens"]
+        # As /v1/completions tokenizes a prompt: BOS added, special tokens parsed.
+        ids = (await http.post("/tokenize", json={"content": text["prompt"], "add_special": True,
+                                                  "parse_special": True})).json()["tokens"]
     # BOS (the server's), start of human, the text, end of text, end of human, start of AI, start of speech
     assert ids[:2] == [128000, 128259] and ids[-4:] == [128009, 128260, 128261, 128257]
 

@@ -1,8 +1,8 @@
 """Where the native servers a plan starts are found.
 
-`make setup` builds llama.cpp's `llama-server` into a cache beside the llama-cpp-python
-wheel (~/.cache/cadence/bin/llama-server-<version>), so it survives `rm -rf .venv` and
-fresh clones. An operator may point at their own build instead.
+`make setup` builds llama.cpp's `llama-server` into a cache
+(~/.cache/cadence/bin/llama-server-<version>), so it survives `rm -rf .venv` and fresh
+clones. An operator may point at their own build instead.
 """
 
 from __future__ import annotations

@@ -80,7 +80,7 @@ _PRCTL = _load_prctl()
 _PR_SET_PDEATHSIG = 1
 
 
-def _die_with_parent() -> None:
+def die_with_parent() -> None:
     """Runs in the child between fork and exec: the kernel sends it SIGTERM when the server
     dies, however it dies. A server killed with SIGKILL (an OOM kill, a stop's last resort)
     cannot stop its workers itself, and its own session keeps them from its process group;
@@ -124,7 +124,7 @@ class WorkerSupervisor:
             worker.process = await asyncio.create_subprocess_exec(
                 *launch.argv, env=env, stdin=asyncio.subprocess.DEVNULL, stdout=output, stderr=output,
                 start_new_session=True,  # its own process group: a Ctrl-C on serve reaches it once, from us
-                preexec_fn=_die_with_parent)
+                preexec_fn=die_with_parent)
         worker.started_at = self._clock()
         worker.ready = False
         log.info("worker %s started (pid %d) on %s at %s", launch.name, worker.process.pid, launch.device,

@@ -1,7 +1,7 @@
 """A tiny random-weight Llama in GGUF with Orpheus' vocabulary, for a real OpenAI-compatible server.
 
-`write_tiny_orpheus_gguf(path)` writes a ~45 MB GGUF that llama.cpp (llama-cpp-python's
-`python -m llama_cpp.server --model PATH`) loads and serves on CPU, so the client in
+`write_tiny_orpheus_gguf(path)` writes a ~45 MB GGUF that llama.cpp (`llama-server -m PATH`)
+loads and serves on CPU, so the client in
 `token_source.py` can be tested against a real completions server: vLLM and TensorRT-LLM
 cannot be installed here (no GPU), and llama.cpp's server is the OpenAI-compatible server
 that runs on this CPU (its completions endpoint takes text, hence `prompt_format="text"`).

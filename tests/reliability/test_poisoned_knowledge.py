@@ -23,9 +23,8 @@ import re
 import unicodedata
 from collections.abc import AsyncIterator, Sequence
 
+import httpx
 import pytest
-from llama_cpp import Llama
-from llama_cpp.llama_chat_format import Jinja2ChatFormatter
 
 from agent.query_logs import QueryTextRedactor, masked_query
 from knowledge.chunking import chunk_document
@@ -39,6 +38,7 @@ from pipelines.reply_shaping import canary_tokens, squashed
 from pipelines.voice import Engines
 from tests.conftest import CLIENT_LOGGERS, running_server
 from tests.fakes import HashingEmbedder, ScriptedASR, ToneTTS
+from workers.own_llama_server import LlamaServerOptions, OwnLlamaServerLLMEngine
 
 SEED = 13
 _SENTENCE_END = re.compile(r"[.!?…]+(?=\s|$)")
@@ -74,22 +74,33 @@ class ObedientLLM(LLMEngine):
 
 @pytest.fixture(scope="module")
 def chat_template(default_config):
-    """The shipped LLM's own chat template and tokenizer (its vocabulary only: no weights run)."""
+    """The shipped LLM's own chat template and tokenizer, as its server applies them: a
+    llama-server of the test's own on the shipped GGUF renders the messages (/apply-template)
+    and tokenizes the prompt with special tokens parsed (/tokenize); nothing is generated."""
     gguf = resolve_local(default_config.llm.model, default_cache_dir())
-    vocab = Llama(model_path=str(gguf), vocab_only=True, verbose=False)
-    template = Jinja2ChatFormatter(template=vocab.metadata["tokenizer.chat_template"],
-                                   eos_token="<|im_end|>", bos_token="<|im_start|>")
-    start, end = (vocab.tokenize(marker, add_bos=False, special=True) for marker in (b"<|im_start|>", b"<|im_end|>"))
+    engine = OwnLlamaServerLLMEngine(LlamaServerOptions(model=str(gguf), context_tokens=2048, threads=1, slots=1))
+    engine.load()
+    http = httpx.Client(base_url=engine.base_url, timeout=30)
+
+    def tokenize(text: str) -> list[int]:
+        answer = http.post("/tokenize", json={"content": text, "add_special": False, "parse_special": True})
+        answer.raise_for_status()
+        return answer.json()["tokens"]
+
+    start, end = (tokenize(marker) for marker in ("<|im_start|>", "<|im_end|>"))
     assert len(start) == len(end) == 1, "the template's turn markers are single special tokens"
 
     def turns(messages: list[ChatMessage]) -> tuple[int, int]:
         """(turn starts, turn ends) the model sees once `messages` are rendered and tokenized
         as the model's server does it (special tokens parsed)."""
-        prompt = template(messages=messages).prompt
-        tokens = vocab.tokenize(prompt.encode(), add_bos=False, special=True)
+        rendered = http.post("/apply-template", json={"messages": messages})
+        rendered.raise_for_status()
+        tokens = tokenize(rendered.json()["prompt"])
         return tokens.count(start[0]), tokens.count(end[0])
 
-    return turns
+    yield turns
+    http.close()
+    asyncio.run(engine.close())
 
 
 @pytest.fixture

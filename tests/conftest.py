@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import logging
+import os
 import socket
 import threading
 import time
@@ -125,3 +126,22 @@ def log_lines():
     yield records
     root.removeHandler(handler)
     root.setLevel(old_level)
+
+
+# The fast tier's promise (`make check`: pure logic and fake engines, minutes in all): a test
+# not marked `slow` whose setup, body or teardown takes longer than this fails, saying so.
+# Real models, whole calls and servers belong under `slow`; a test waits on events and a fake
+# clock, never on sleeps. CADENCE_FAST_TEST_LIMIT_S changes the limit for one run (e.g. on a
+# machine much slower than the 2 cores this is sized for).
+FAST_TEST_LIMIT_S = float(os.environ.get("CADENCE_FAST_TEST_LIMIT_S", "2.0"))
+
+
+@pytest.hookimpl(hookwrapper=True)
+def pytest_runtest_makereport(item, call):
+    outcome = yield
+    report = outcome.get_result()
+    if report.passed and item.get_closest_marker("slow") is None and report.duration > FAST_TEST_LIMIT_S:
+        report.outcome = "failed"
+        report.longrepr = (f"{item.nodeid}: its {report.when} took {report.duration:.2f} s, over the "
+                           f"{FAST_TEST_LIMIT_S:.1f} s a test not marked `slow` may take: make it faster, "
+                           "or mark it `slow` if it needs real models or whole calls")

@@ -175,7 +175,7 @@ class CallManager:
             # the processors) takes 100-300 ms on 2 cores, and every other call's audio and every
             # handshake waited that long (found by the chaos bench: sdp, oversize).
             voice = await asyncio.to_thread(
-                build_voice_call, transport, engines=self._engines, config=self._config, agent=call.agent,
+                build_voice_call, transport, engines=self._engines, options=self._config.call_options(), agent=call.agent,
                 output_sample_rate=output_sample_rate, on_turn_closed=lambda turn: self._turn_closed(call, turn),
                 search=self._search_for(call.agent),
                 on_retrieval_miss=lambda reason: self._metrics.retrieval_misses.labels(reason).inc(),

@@ -21,10 +21,10 @@ from pipecat.pipeline.worker import PipelineParams, PipelineWorker
 from pipecat.processors.aggregators.llm_context import LLMContext
 from pipecat.transports.base_transport import BaseTransport
 
-from agent.config import CadenceConfig
 from pipelines.call_agent import CallAgent
 from pipelines.caller_audio import CallerAudioMeter
 from pipelines.cascade import cascade_stages
+from pipelines.options import CallOptions
 from pipelines.retrieval import SearchPassages
 from pipelines.speech_adapter import CallHooks, Engines, SpeechStages
 from pipelines.turn_end import PauseVerdict
@@ -47,7 +47,7 @@ def build_voice_call(
     transport: BaseTransport,
     *,
     engines: Engines,
-    config: CadenceConfig,
+    options: CallOptions,
     agent: CallAgent,
     output_sample_rate: int,
     on_turn_closed: Callable[[Turn], None],
@@ -72,7 +72,7 @@ def build_voice_call(
     hooks = CallHooks(on_retrieval_miss=on_retrieval_miss, on_redacted=on_redacted, on_asr_rejected=on_asr_rejected,
                       on_partial=on_partial, on_pause_verdict=on_pause_verdict, on_eager_reply=on_eager_reply,
                       on_long_turn_cut=on_long_turn_cut, on_model_failure=on_model_failure)
-    stages = speech_stages(engines=engines, config=config, agent=agent, search=search, hooks=hooks,
+    stages = speech_stages(engines=engines, options=options, agent=agent, search=search, hooks=hooks,
                            remote_api_key=remote_api_key)
     context = stages.context
     output = transport.output()
@@ -102,13 +102,13 @@ def build_voice_call(
     return VoiceCall(task=task, observer=observer, context=context)
 
 
-def speech_stages(*, engines: Engines, config: CadenceConfig, agent: CallAgent, search: SearchPassages | None,
+def speech_stages(*, engines: Engines, options: CallOptions, agent: CallAgent, search: SearchPassages | None,
                   hooks: CallHooks, remote_api_key: str | None) -> SpeechStages:
     """The agent's adapter: the cascade here, or a speech-to-speech model elsewhere."""
     if agent.pipeline == "openai-realtime" and agent.speech_to_speech is not None:
         from pipelines.openai_realtime import openai_realtime_stages
 
-        vad = VADParams(confidence=config.vad.confidence, start_secs=config.vad.start_secs,
-                        stop_secs=agent.vad_stop_secs, min_volume=config.vad.min_volume)
+        vad = VADParams(confidence=options.vad.confidence, start_secs=options.vad.start_secs,
+                        stop_secs=agent.vad_stop_secs, min_volume=options.vad.min_volume)
         return openai_realtime_stages(agent.speech_to_speech, agent=agent, api_key=remote_api_key, vad_params=vad)
-    return cascade_stages(engines=engines, config=config, agent=agent, search=search, hooks=hooks)
+    return cascade_stages(engines=engines, options=options, agent=agent, search=search, hooks=hooks)

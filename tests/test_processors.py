@@ -437,8 +437,8 @@ def test_the_schedule_switch_reaches_the_voice_and_bad_values_are_refused(defaul
     from pipelines.cascade import tts_service
 
     arrival = replace(default_config, server=replace(default_config.server, schedule="arrival"))
-    assert tts_service(ToneTTS(), arrival, voice="tone")._schedule_by_playout is False
-    assert tts_service(ToneTTS(), default_config, voice="tone")._schedule_by_playout is True
+    assert tts_service(ToneTTS(), arrival.call_options(), voice="tone")._schedule_by_playout is False
+    assert tts_service(ToneTTS(), default_config.call_options(), voice="tone")._schedule_by_playout is True
     (tmp_path / "c.yaml").write_text("server: {schedule: fifo}\n")
     with pytest.raises(ConfigError, match="server.schedule must be one of wanted-by, arrival"):
         load_config(tmp_path / "c.yaml")

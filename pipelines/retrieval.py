@@ -21,34 +21,19 @@ from __future__ import annotations
 import asyncio
 import logging
 from collections.abc import Awaitable, Callable
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 
-from pipecat.frames.frames import Frame, InterruptionFrame, LLMContextFrame, SystemFrame
+from pipecat.frames.frames import Frame, InterruptionFrame, LLMContextFrame
 from pipecat.processors.aggregators.llm_context import LLMContext
 from pipecat.processors.frame_processor import FrameDirection, FrameProcessor
 
+from pipelines.frames import SpeculativeTranscriptFrame, TurnContextFrame
 from pipelines.knowledge_context import Passage, fit_passages, last_user_text
 
 log = logging.getLogger(__name__)
 
 # query -> ranked passages of this call's agent (top_k already applied)
 SearchPassages = Callable[[str], Awaitable[list[Passage]]]
-
-
-@dataclass
-class SpeculativeTranscriptFrame(SystemFrame):
-    """A transcript of the caller's turn so far, taken at a pause; the turn may go on."""
-
-    text: str = ""
-
-
-@dataclass
-class TurnContextFrame(LLMContextFrame):
-    """The turn's context with the passages retrieved for it (used for this request only)."""
-
-    passages: list[Passage] = field(default_factory=list)
-    retrieval_missed: bool = False  # the search failed or ran out of time; no passages
-    # (`speculation`, inherited: an eager reply to a turn not yet over; the LLM holds it.)
 
 
 def _as_it_stands(context: LLMContext) -> LLMContext:

@@ -12,6 +12,8 @@ The contract is pipecat's frame vocabulary:
                                there), LLMFullResponseStartFrame / LLMFullResponseEndFrame (a
                                response starts / is complete), InterruptionFrame (barge-in)
 
+Cadence's own frames (CallerSpeechEndFrame and the rest) are all in pipelines/frames.py.
+
 Everything around an adapter reads only that vocabulary: the transports, barge-in (pipecat's
 interruptions), `TurnObserver` (per-turn stage times, TTFS, stored turns, metrics) and
 `SpeechEventObserver` (the conversation as events, e.g. for /v1/realtime clients, including

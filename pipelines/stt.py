@@ -47,7 +47,6 @@ from pipecat.frames.frames import (
     Frame,
     InputAudioRawFrame,
     InterimTranscriptionFrame,
-    SystemFrame,
     TranscriptionFrame,
     TTSSpeakFrame,
     VADUserStoppedSpeakingFrame,
@@ -63,9 +62,10 @@ from models.stalls import failure_kind
 from models.scheduling import answer_within, wanted_in
 from models.base import ASREngine, Transcript
 from models.hallucination import MAX_COMPRESSION_RATIO, compression_ratio, repeats_itself, too_fast
+from pipelines.frames import (CallerSpeechEndFrame, SpeculativeTranscriptFrame, TranscriptLostFrame,
+                              TurnPartTranscriptionFrame)
 from pipelines.local_agreement import LocalAgreement
 from pipelines.pause_judge import PauseJudge
-from pipelines.retrieval import SpeculativeTranscriptFrame
 from pipelines.speech_end import quietest_point, silent_tail_seconds
 
 log = logging.getLogger(__name__)
@@ -108,27 +108,6 @@ def rejection(transcript: Transcript) -> str | None:
 
 def is_plausible(transcript: Transcript) -> bool:
     return rejection(transcript) is None
-
-
-@dataclass
-class CallerSpeechEndFrame(SystemFrame):
-    """The caller's turn ended; `last_voiced_at` is the wall-clock time of its last voiced audio."""
-
-    last_voiced_at: float = 0.0
-
-
-@dataclass
-@dataclass
-class TranscriptLostFrame(SystemFrame):
-    """The turn's words could not be transcribed (the ASR failed or stalled): the turn ends
-    here, and NOT_HEARD_REPLY, pushed next, is its reply."""
-
-    error: str = ""
-
-
-class TurnPartTranscriptionFrame(TranscriptionFrame):
-    """The transcript of part of a turn too long for one window, cut while the caller went on:
-    the turn's own transcript (the last part) follows. Aggregated as any transcript is."""
 
 
 @dataclass(frozen=True)

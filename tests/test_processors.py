@@ -29,7 +29,8 @@ from pipecat.tests.utils import run_test
 from models.errors import CapacityError
 from models.stalls import StallLimits
 from pipelines.llm import CUT_SHORT_REPLY, FALLBACK_REPLY, EngineLLMService, prompt_window
-from pipelines.stt import CallerSpeechEndFrame, EngineSTTService, compression_ratio, is_plausible
+from pipelines.frames import CallerSpeechEndFrame
+from pipelines.stt import EngineSTTService, compression_ratio, is_plausible
 from pipelines.tts import EngineTTSService
 from models.base import Transcript
 from tests.fakes import ScriptedASR, ScriptedLLM, ToneTTS
@@ -282,7 +283,7 @@ def test_a_short_loop_too_small_for_gzip_is_caught_as_a_repetition():
 
 
 async def test_every_sentence_reports_its_own_ttfb():
-    from pipelines.tts import TTSSentenceTimingFrame
+    from pipelines.frames import TTSSentenceTimingFrame
 
     ticks = iter(range(100))
     engine = ToneTTS(chunks=2)

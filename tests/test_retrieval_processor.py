@@ -13,7 +13,8 @@ from pipecat.tests.utils import run_test
 
 from pipelines.knowledge_context import REFERENCE_OPEN, Passage, fit_passages, reference_message, with_references
 from pipelines.llm import EngineLLMService
-from pipelines.retrieval import RetrievalProcessor, SpeculativeTranscriptFrame, TurnContextFrame
+from pipelines.frames import SpeculativeTranscriptFrame, TurnContextFrame
+from pipelines.retrieval import RetrievalProcessor
 from tests.fakes import ScriptedLLM
 
 HOURS = Passage(text="The clinic opens at 8 a.m. on weekdays.", source="hours.md", chunk_id=7, score=0.03)

@@ -7,7 +7,8 @@ One turn in frames (the cascade, pipelines/cascade.py; pipecat's frames in plain
                                                    TranscriptionFrame, or TurnPartTranscriptionFrame
                                                    for each cut of a long turn before it, or
                                                    TranscriptLostFrame (and an apology to speak)
-    -> user aggregator (the turn's context) -> retrieval ... TurnContextFrame (with passages)
+    -> user aggregator (the turn's context) -> retrieval: for the guess . PrefetchedPassagesFrame
+                                                          at the turn's end TurnContextFrame
     -> LLM (reply text) -> TTS: per sentence ............... TTSSentenceTimingFrame
     -> the transport's output
 
@@ -21,6 +22,7 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 
 from pipecat.frames.frames import LLMContextFrame, SystemFrame, TranscriptionFrame
+from pipecat.processors.aggregators.llm_context import LLMContext
 
 from pipelines.knowledge_context import Passage
 
@@ -75,6 +77,19 @@ class TurnContextFrame(LLMContextFrame):
     passages: list[Passage] = field(default_factory=list)
     retrieval_missed: bool = False  # the search failed or ran out of time; no passages
     # (`speculation`, inherited: an eager reply to a turn not yet over; the LLM holds it.)
+
+
+@dataclass
+class PrefetchedPassagesFrame(SystemFrame):
+    """Passages found for a speculative transcript, while the VAD still waits out the pause.
+
+    Made by `RetrievalProcessor` when such a search returns passages (retrieval.warm_llm_on_guess).
+    Read (and consumed) by the LLM service (`EngineLLMService`), which has its engine read the
+    prompt up to them (`context`'s dialogue, then the passages) so the turn's prefill is short. A
+    system frame: it reaches the LLM at once, even while the LLM is still speaking a reply."""
+
+    passages: list[Passage] = field(default_factory=list)
+    context: LLMContext | None = None  # the call's context, as the LLM will be asked it
 
 
 @dataclass

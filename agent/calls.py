@@ -27,9 +27,11 @@ from agent.memory import IdleHousekeeping
 from agent.metrics import CadenceMetrics
 from agent.store import CallStore, turn_summary, turn_to_dict
 from pipelines.call_agent import CallAgent
+from pipelines.call_events import CallEvents
 from pipelines.retrieval import SearchPassages
+from pipelines.turn_end import PauseVerdict
 from pipelines.turn_timeline import Turn
-from pipelines.voice import Engines, VoiceCall, build_voice_call
+from pipelines.voice import AgentReach, CallerLine, Engines, VoiceCall, build_voice_call
 
 log = logging.getLogger(__name__)
 
@@ -175,22 +177,11 @@ class CallManager:
             # the processors) takes 100-300 ms on 2 cores, and every other call's audio and every
             # handshake waited that long (found by the chaos bench: sdp, oversize).
             voice = await asyncio.to_thread(
-                build_voice_call, transport, engines=self._engines, config=self._config, agent=call.agent,
-                output_sample_rate=output_sample_rate, on_turn_closed=lambda turn: self._turn_closed(call, turn),
-                search=self._search_for(call.agent),
-                on_retrieval_miss=lambda reason: self._metrics.retrieval_misses.labels(reason).inc(),
-                on_redacted=lambda count: self._metrics.redactions.labels("call").inc(count),
-                on_asr_rejected=lambda reason: self._metrics.asr_guard_triggers.labels("live", reason).inc(),
-                on_partial=call.heard,
-                on_pause_verdict=lambda verdict: self._metrics.pause_verdicts.labels(verdict.reason).inc(),
-                on_eager_reply=lambda outcome: self._metrics.eager_replies.labels(outcome).inc(),
-                on_long_turn_cut=self._metrics.long_turn_cuts.observe,
-                on_model_failure=lambda model, kind: self._metrics.model_failures.labels(model, kind).inc(),
-                on_caller_audio=lambda seconds, counter=self._metrics.caller_audio_seconds.labels(call.transport):
-                    self._caller_audio(call, counter, seconds),
-                enable_rtvi=enable_rtvi,
-                observers=observers,
-                remote_api_key=self._remote_api_key(call.agent),
+                build_voice_call,
+                CallerLine(transport, output_sample_rate, enable_rtvi=enable_rtvi, observers=observers),
+                engines=self._engines, options=self._config.call_options(), agent=call.agent,
+                events=_CallEventsCounted(self, call),
+                reach=AgentReach(search=self._search_for(call.agent), remote_api_key=self._remote_api_key(call.agent)),
             )
             @voice.task.event_handler("on_idle_timeout")
             async def _on_idle(_task) -> None:  # pipecat then cancels the pipeline itself
@@ -309,3 +300,41 @@ class CallManager:
             task.cancel()
         if self._tasks:
             await asyncio.wait(self._tasks, timeout=CANCEL_GRACE_SECONDS * 2)
+
+
+class _CallEventsCounted(CallEvents):
+    """One call's events, counted in the server's metrics, shown on its page and stored."""
+
+    def __init__(self, manager: CallManager, call: ActiveCall) -> None:
+        self._manager, self._call, self._metrics = manager, call, manager._metrics
+        self._caller_audio_seconds = self._metrics.caller_audio_seconds.labels(call.transport)
+
+    def turn_closed(self, turn: Turn) -> None:
+        self._manager._turn_closed(self._call, turn)
+
+    def caller_audio(self, seconds: float) -> None:
+        self._manager._caller_audio(self._call, self._caller_audio_seconds, seconds)
+
+    def partial(self, text: str) -> None:
+        self._call.heard(text)
+
+    def asr_rejected(self, reason: str) -> None:
+        self._metrics.asr_guard_triggers.labels("live", reason).inc()
+
+    def long_turn_cut(self, seconds: float) -> None:
+        self._metrics.long_turn_cuts.observe(seconds)
+
+    def pause_verdict(self, verdict: PauseVerdict) -> None:
+        self._metrics.pause_verdicts.labels(verdict.reason).inc()
+
+    def eager_reply(self, outcome: str) -> None:
+        self._metrics.eager_replies.labels(outcome).inc()
+
+    def retrieval_missed(self, reason: str) -> None:
+        self._metrics.retrieval_misses.labels(reason).inc()
+
+    def redacted(self, count: int) -> None:
+        self._metrics.redactions.labels("call").inc(count)
+
+    def model_failed(self, model: str, kind: str) -> None:
+        self._metrics.model_failures.labels(model, kind).inc()

@@ -22,6 +22,7 @@ from models.orpheus.options import OrpheusOptions
 from models.piper_tts import PiperOptions
 from models.stalls import StallLimits
 from models.whisper_asr import WhisperOptions
+from pipelines.options import CallOptions, PauseOptions, TranscriptDeadline, VADOptions
 from pipelines.turn_end import TurnEndOptions
 from transcription.jobs import JobLimits
 from transcription.options import TranscriptionOptions
@@ -287,6 +288,25 @@ class CadenceConfig:
 
     def __post_init__(self) -> None:
         _validate(self)
+
+    def call_options(self) -> CallOptions:
+        """What every call's pipeline reads of this configuration (pipelines/options.py)."""
+        return CallOptions(
+            vad=VADOptions(confidence=self.vad.confidence, start_secs=self.vad.start_secs,
+                           min_volume=self.vad.min_volume),
+            pauses=PauseOptions(judged=self.turn_end.enabled, eager_reply=self.turn_end.eager_reply,
+                                limits=self.turn_end),
+            schedule_by_wanted=self.server.schedule == "wanted-by",
+            max_user_turn_seconds=self.limits.max_user_turn_seconds,
+            partial_every_s=self.asr.partial_every_s,
+            transcript_deadline=TranscriptDeadline(self.deadlines.asr_seconds, self.deadlines.asr_per_audio_second),
+            max_history_messages=self.llm.max_history_messages,
+            llm_stall_limits=self.deadlines.llm,
+            tts_stall_limits=self.deadlines.tts,
+            retrieval_timeout_s=self.retrieval.timeout_ms / 1000.0,
+            warm_llm_on_guess=self.retrieval.warm_llm_on_guess,
+            orpheus_model=self.tts.orpheus.model if self.tts.engine == "orpheus" else None,
+        )
 
 
 def _validate(config: CadenceConfig) -> None:

@@ -3,12 +3,19 @@
     caller audio -> STT -> user turn (Silero VAD + pause judge) -> retrieval -> LLM -> TTS
     -> [the transport's output] -> assistant context (only what was spoken)
 
+Beside the frames, the caller's pauses link three stages: the VAD (inside the user turn's
+aggregator, after the STT) hears each pause and tells the STT (`PauseListener`), which
+transcribes the turn so far at once and has the pause judge decide how long this pause may
+be; the judge tells the VAD (`PauseAllowance`). Everything else goes by frames
+(pipelines/frames.py). What the server counts of a call goes to its `CallEvents`.
+
 Engines are shared by all calls; every processor built here belongs to one call.
 """
 
 from __future__ import annotations
 
 from collections.abc import Callable
+from functools import partial
 
 from pipecat.audio.vad.vad_analyzer import VADParams
 from pipecat.processors.aggregators.llm_response_universal import LLMContextAggregatorPair, LLMUserAggregatorParams
@@ -16,54 +23,33 @@ from pipecat.turns.user_start import VADUserTurnStartStrategy
 from pipecat.turns.user_stop.speech_timeout_user_turn_stop_strategy import SpeechTimeoutUserTurnStopStrategy
 from pipecat.turns.user_turn_strategies import UserTurnStrategies
 
-from agent.config import CadenceConfig
+from models.base import TTSEngine
 from pipelines.call_agent import CallAgent
+from pipelines.call_events import CallEvents
 from pipelines.dialogue_context import DialogueContext
 from pipelines.eager_turn import EagerSpeechTimeoutStopStrategy
 from pipelines.llm import EngineLLMService
+from pipelines.options import CallOptions
 from pipelines.pause_judge import PauseJudge
 from pipelines.retrieval import RetrievalProcessor, SearchPassages
-from pipelines.speech_adapter import CallHooks, Engines, SpeechStages
+from pipelines.speech_adapter import Engines, SpeechStages
 from pipelines.stt import EngineSTTService
 from pipelines.tts import EngineTTSService, OrpheusTTSService
-from models.base import TTSEngine
 from pipelines.vad import PauseAwareSileroVAD
 
 
-def cascade_stages(*, engines: Engines, config: CadenceConfig, agent: CallAgent, search: SearchPassages | None,
-                   hooks: CallHooks) -> SpeechStages:
+def cascade_stages(*, engines: Engines, options: CallOptions, agent: CallAgent, search: SearchPassages | None,
+                   events: CallEvents) -> SpeechStages:
     """`search` finds passages in the agent's knowledge; None (or retrieval off) skips retrieval."""
-    by_wanted = config.server.schedule == "wanted-by"
     # Judging pauses needs the words at the pause: the speculative transcript.
-    judged = config.turn_end.enabled and agent.speculate_after_secs > 0
-    eager = judged and config.turn_end.eager_reply
-    longest_pause_s = max(config.turn_end.incomplete_pause_s, agent.vad_stop_secs)
-    vad = PauseAwareSileroVAD(
-        params=VADParams(
-            confidence=config.vad.confidence,
-            start_secs=config.vad.start_secs,
-            # With a judge, the longest pause; each pause's verdict shortens it.
-            stop_secs=longest_pause_s if judged else agent.vad_stop_secs,
-            min_volume=config.vad.min_volume,
-        ),
-        # speculate_after_secs = 0 turns speculation off: a pause that never comes.
-        pause_secs=agent.speculate_after_secs if agent.speculate_after_secs > 0 else float("inf"),
-        on_pause=lambda: stt.speech_paused(),  # the STT, built below, listens to the VAD
-        on_resume=lambda: stt.speech_resumed(),
-    )
-    judge = PauseJudge(options=config.turn_end, default_pause_s=agent.vad_stop_secs, allow_pause=vad.allow_pause,
-                       engine=engines.turn_end, on_verdict=hooks.on_pause_verdict) if judged else None
-    stt = EngineSTTService(engines.asr, max_segment_seconds=config.limits.max_user_turn_seconds,
-                           speculation_lead_s=max(0.0, agent.vad_stop_secs - agent.speculate_after_secs)
-                           if by_wanted else None,
-                           partial_every_s=config.asr.partial_every_s, on_rejected=hooks.on_asr_rejected,
-                           on_long_turn_cut=hooks.on_long_turn_cut,
-                           on_partial=hooks.on_partial, pause_judge=judge, eager_reply=eager,
-                           transcript_deadline_s=config.deadlines.asr_seconds_for,
-                           on_lost=lambda kind: hooks.on_model_failure("asr", kind))
+    judged = options.pauses.judged and agent.speculate_after_secs > 0
+    eager = judged and options.pauses.eager_reply
+    vad = _vad(options, agent, judged=judged)
+    stt = _stt(engines, options, agent, events, vad=vad, judged=judged, eager=eager)
+    vad.report_pauses_to(stt)
     # Bounded to the dialogue the prompt window can still reach (pipelines/dialogue_context.py).
     context = DialogueContext(messages=[{"role": "system", "content": agent.system_prompt}],
-                              max_history_messages=config.llm.max_history_messages)
+                              max_history_messages=options.max_history_messages)
     aggregators = LLMContextAggregatorPair(
         context,
         user_params=LLMUserAggregatorParams(
@@ -75,7 +61,7 @@ def cascade_stages(*, engines: Engines, config: CadenceConfig, agent: CallAgent,
             # reply starts at the pause and is held until the turn ends.
             user_turn_strategies=UserTurnStrategies(
                 start=[VADUserTurnStartStrategy()],
-                stop=[EagerSpeechTimeoutStopStrategy(on_outcome=hooks.on_eager_reply) if eager
+                stop=[EagerSpeechTimeoutStopStrategy(on_outcome=events.eager_reply) if eager
                       else SpeechTimeoutUserTurnStopStrategy(user_speech_timeout=0.0)],
             ),
         ),
@@ -83,34 +69,63 @@ def cascade_stages(*, engines: Engines, config: CadenceConfig, agent: CallAgent,
     llm = EngineLLMService(
         engines.llm,
         max_reply_tokens=agent.max_reply_tokens,
-        max_history_messages=config.llm.max_history_messages,
+        max_history_messages=options.max_history_messages,
         max_dialogue_chars=agent.max_dialogue_chars,
         system_prompt=agent.system_prompt,
         sampling=agent.sampling,
         max_reply_sentences=agent.max_reply_sentences,
-        on_redacted=hooks.on_redacted,
-        stall_limits=config.deadlines.llm,
-        on_failed=lambda kind: hooks.on_model_failure("llm", kind),
+        on_redacted=events.redacted,
+        stall_limits=options.llm_stall_limits,
+        on_failed=partial(events.model_failed, "llm"),
     )
-    tts = tts_service(engines.tts, config, voice=agent.voice, on_failed=lambda kind: hooks.on_model_failure("tts", kind))
+    tts = tts_service(engines.tts, options, voice=agent.voice, on_failed=partial(events.model_failed, "tts"))
     retrieval = []
     if search is not None and agent.retrieval.enabled:
+        # Passages found early go on to the LLM (PrefetchedPassagesFrame) with the call's context.
         retrieval = [RetrievalProcessor(search, max_tokens=agent.retrieval.max_tokens,
-                                        timeout_s=config.retrieval.timeout_ms / 1000.0, on_miss=hooks.on_retrieval_miss,
-                                        on_prefetched=(lambda passages: llm.warm_for_passages(context, passages))
-                                        if config.retrieval.warm_llm_on_guess else None)]
+                                        timeout_s=options.retrieval_timeout_s, on_miss=events.retrieval_missed,
+                                        warm_llm_with=context if options.warm_llm_on_guess else None)]
     return SpeechStages(before_output=(stt, aggregators.user(), *retrieval, llm, tts),
                         after_output=(aggregators.assistant(),), context=context)
 
 
-def tts_service(engine: TTSEngine, config: CadenceConfig, *, voice: str,
+def _vad(options: CallOptions, agent: CallAgent, *, judged: bool) -> PauseAwareSileroVAD:
+    longest_pause_s = max(options.pauses.limits.incomplete_pause_s, agent.vad_stop_secs)
+    return PauseAwareSileroVAD(
+        params=VADParams(
+            confidence=options.vad.confidence,
+            start_secs=options.vad.start_secs,
+            # With a judge, the longest pause; each pause's verdict shortens it.
+            stop_secs=longest_pause_s if judged else agent.vad_stop_secs,
+            min_volume=options.vad.min_volume,
+        ),
+        # speculate_after_secs = 0 turns speculation off: a pause that never comes.
+        pause_secs=agent.speculate_after_secs if agent.speculate_after_secs > 0 else float("inf"),
+    )
+
+
+def _stt(engines: Engines, options: CallOptions, agent: CallAgent, events: CallEvents, *, vad: PauseAwareSileroVAD,
+         judged: bool, eager: bool) -> EngineSTTService:
+    judge = PauseJudge(options=options.pauses.limits, default_pause_s=agent.vad_stop_secs, allowance=vad,
+                       engine=engines.turn_end, on_verdict=events.pause_verdict) if judged else None
+    return EngineSTTService(engines.asr, max_segment_seconds=options.max_user_turn_seconds,
+                            speculation_lead_s=max(0.0, agent.vad_stop_secs - agent.speculate_after_secs)
+                            if options.schedule_by_wanted else None,
+                            partial_every_s=options.partial_every_s, on_rejected=events.asr_rejected,
+                            on_long_turn_cut=events.long_turn_cut,
+                            on_partial=events.partial, pause_judge=judge, eager_reply=eager,
+                            transcript_deadline_s=options.transcript_deadline.seconds_for,
+                            on_lost=partial(events.model_failed, "asr"))
+
+
+def tts_service(engine: TTSEngine, options: CallOptions, *, voice: str,
                 on_failed: Callable[[str], None] = lambda kind: None) -> EngineTTSService:
     """The agent's voice as a pipecat service: Orpheus (GPU) or the CPU voice."""
-    by_wanted = config.server.schedule == "wanted-by"
-    if config.tts.engine == "orpheus":
+    by_wanted = options.schedule_by_wanted
+    if options.orpheus_model is not None:
         from models.orpheus.prompt import EMOTION_TAGS
 
-        return OrpheusTTSService(engine, voice=voice, model=config.tts.orpheus.model, emotion_tags=EMOTION_TAGS,
-                                 schedule_by_playout=by_wanted, stall_limits=config.deadlines.tts, on_failed=on_failed)
-    return EngineTTSService(engine, voice=voice, schedule_by_playout=by_wanted, stall_limits=config.deadlines.tts,
+        return OrpheusTTSService(engine, voice=voice, model=options.orpheus_model, emotion_tags=EMOTION_TAGS,
+                                 schedule_by_playout=by_wanted, stall_limits=options.tts_stall_limits, on_failed=on_failed)
+    return EngineTTSService(engine, voice=voice, schedule_by_playout=by_wanted, stall_limits=options.tts_stall_limits,
                             on_failed=on_failed)

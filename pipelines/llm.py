@@ -3,7 +3,9 @@
 On an `LLMContextFrame` it streams the reply as `LLMTextFrame`s, shaped by
 `pipelines.reply.shaped_reply` (the agent's sampling, sentence budget and prompt-leak
 guard); a `TurnContextFrame` also brings the turn's retrieved passages. A barge-in cancels
-the frame task; closing the engine's stream then stops generation on the model thread.
+the frame task; closing the engine's stream then stops generation on the model thread. A
+`PrefetchedPassagesFrame` (passages found at a pause) has the engine read the prompt up to
+them before the turn ends.
 """
 
 from __future__ import annotations
@@ -22,6 +24,7 @@ from pipecat.services.settings import LLMSettings
 from models.errors import CadenceError, StalledError
 from models.base import ChatMessage, LLMEngine, Sampling
 from models.stalls import StallLimits, failure_kind
+from pipelines.frames import PrefetchedPassagesFrame
 from pipelines.knowledge_context import Passage, reference_message, sealed_dialogue
 from pipelines.reply import prompt_chars, shaped_reply
 
@@ -115,6 +118,7 @@ class EngineLLMService(LLMService):
         self._stall_limits = stall_limits
         self._on_failed = on_failed
         self._warm_task: asyncio.Task | None = None
+        self._passages_warm: asyncio.Task | None = None  # reading the prompt up to passages found early
         self._warm_chars = 0  # the prompt characters the running warm-up reads
         self._warm_heard_at = 0.0  # loop time the running warm-up began or last reported progress
         self._warm_reported = False  # the running warm-up has reported progress at least once
@@ -173,6 +177,9 @@ class EngineLLMService(LLMService):
 
     async def process_frame(self, frame: Frame, direction: FrameDirection) -> None:
         await super().process_frame(frame, direction)
+        if isinstance(frame, PrefetchedPassagesFrame):
+            self._start_passages_warm(frame)
+            return  # consumed: nothing downstream needs it
         if not isinstance(frame, LLMContextFrame):
             await self.push_frame(frame, direction)
             return
@@ -225,6 +232,15 @@ class EngineLLMService(LLMService):
             if self._warm_task is None or self._warm_task.done():
                 self._start_warm(next_window, name="llm-warm-prefix")
 
+    def _start_passages_warm(self, frame: PrefetchedPassagesFrame) -> None:
+        if frame.context is None or not frame.passages or not (self._passages_warm is None or self._passages_warm.done()):
+            return
+        # Not awaited: the passages are ready now; the warm-up is only a head start. A plain task
+        # (pipecat's create_task would log a failure): owned here, cancelled in cleanup.
+        self._passages_warm = asyncio.get_running_loop().create_task(
+            self.warm_for_passages(frame.context, frame.passages), name="llm-warm-passages")
+        self._passages_warm.add_done_callback(lambda t: t.cancelled() or t.exception())
+
     async def warm_for_passages(self, context: LLMContext, passages: list[Passage]) -> None:
         """The caller paused and passages for their question are ready: evaluate the prompt up
         to them now (the question itself follows them), so the turn's prefill is short."""
@@ -234,6 +250,9 @@ class EngineLLMService(LLMService):
     async def cleanup(self) -> None:
         if self._warm_task is not None:
             await self.cancel_task(self._warm_task)
+        if self._passages_warm is not None:
+            self._passages_warm.cancel()
+            await asyncio.gather(self._passages_warm, return_exceptions=True)
         await super().cleanup()
 
     async def _warm(self, messages: list[ChatMessage]) -> None:

@@ -20,7 +20,7 @@ from pipecat.services.openai.realtime.llm import OpenAIRealtimeLLMService
 
 from pipelines.call_agent import CallAgent, SpeechToSpeechSettings
 from pipelines.speech_adapter import SpeechStages
-from pipelines.stt import CallerSpeechEndFrame
+from pipelines.frames import CallerSpeechEndFrame
 from pipelines.vad import SharedSessionSileroVAD
 
 # pipecat always sends an Authorization header; a keyless server (a Cadence on loopback) ignores it.

@@ -12,6 +12,7 @@ from __future__ import annotations
 import asyncio
 import logging
 from collections.abc import Callable
+from typing import Protocol
 
 from models.base import TurnEndEngine
 from models.errors import CadenceError
@@ -20,16 +21,22 @@ from pipelines.turn_end import PauseVerdict, TurnEndOptions, judge_pause
 log = logging.getLogger(__name__)
 
 
+class PauseAllowance(Protocol):
+    """Where a verdict goes: the VAD, which ends the turn after this much of the current pause."""
+
+    def allow_pause(self, seconds: float) -> None: ...
+
+
 class PauseJudge:
-    def __init__(self, *, options: TurnEndOptions, default_pause_s: float, allow_pause: Callable[[float], None],
+    def __init__(self, *, options: TurnEndOptions, default_pause_s: float, allowance: PauseAllowance,
                  engine: TurnEndEngine | None = None,
                  on_verdict: Callable[[PauseVerdict], None] = lambda verdict: None) -> None:
         """`default_pause_s`: the agent's own pause, for turns neither judge is sure of.
-        `allow_pause(seconds)`: the VAD's setter for the current pause. `engine`: the
-        voice model (None: the words alone decide, and never shorten a pause)."""
+        `allowance`: the VAD, told each pause's length. `engine`: the voice model (None: the
+        words alone decide, and never shorten a pause)."""
         self._options = options
         self._default_pause_s = default_pause_s
-        self._allow_pause = allow_pause
+        self._allowance = allowance
         self._engine = engine
         self._on_verdict = on_verdict
 
@@ -56,8 +63,8 @@ class PauseJudge:
 
     def apply(self, verdict: PauseVerdict) -> None:
         self._on_verdict(verdict)
-        self._allow_pause(verdict.pause_s)
+        self._allowance.allow_pause(verdict.pause_s)
 
     def undecided(self) -> None:
         """No verdict will come for this pause (no transcript): the agent's pause applies."""
-        self._allow_pause(self._default_pause_s)
+        self._allowance.allow_pause(self._default_pause_s)

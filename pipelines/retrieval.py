@@ -9,11 +9,12 @@ Retrieval starts early: the STT's speculative transcript (taken while the VAD st
 out its stop time) arrives as a `SpeculativeTranscriptFrame`, and the search runs then.
 If the turn ends with that same text, its passages are ready when the context arrives;
 otherwise the guess is dropped and the search runs on the final text. Passages found early
-also go to `on_prefetched`, which has the LLM evaluate the prompt up to them (everything but
-the caller's question, which comes after them) while the VAD still waits: the passages'
-prefill, the real cost of retrieval on a CPU, is then paid before the turn ends. A turn waits at
-most `timeout_s` for passages: past that the LLM starts without them (a slow index must
-not cost the caller seconds of silence), and the miss is logged and counted.
+also go on to the LLM (`warm_llm_with`: a `PrefetchedPassagesFrame`), which evaluates the
+prompt up to them (everything but the caller's question, which comes after them) while the
+VAD still waits: the passages' prefill, the real cost of retrieval on a CPU, is then paid
+before the turn ends. A turn waits at most `timeout_s` for passages: past that the LLM starts
+without them (a slow index must not cost the caller seconds of silence), and the miss is
+logged and counted.
 """
 
 from __future__ import annotations
@@ -21,34 +22,19 @@ from __future__ import annotations
 import asyncio
 import logging
 from collections.abc import Awaitable, Callable
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 
-from pipecat.frames.frames import Frame, InterruptionFrame, LLMContextFrame, SystemFrame
+from pipecat.frames.frames import Frame, InterruptionFrame, LLMContextFrame
 from pipecat.processors.aggregators.llm_context import LLMContext
 from pipecat.processors.frame_processor import FrameDirection, FrameProcessor
 
+from pipelines.frames import PrefetchedPassagesFrame, SpeculativeTranscriptFrame, TurnContextFrame
 from pipelines.knowledge_context import Passage, fit_passages, last_user_text
 
 log = logging.getLogger(__name__)
 
 # query -> ranked passages of this call's agent (top_k already applied)
 SearchPassages = Callable[[str], Awaitable[list[Passage]]]
-
-
-@dataclass
-class SpeculativeTranscriptFrame(SystemFrame):
-    """A transcript of the caller's turn so far, taken at a pause; the turn may go on."""
-
-    text: str = ""
-
-
-@dataclass
-class TurnContextFrame(LLMContextFrame):
-    """The turn's context with the passages retrieved for it (used for this request only)."""
-
-    passages: list[Passage] = field(default_factory=list)
-    retrieval_missed: bool = False  # the search failed or ran out of time; no passages
-    # (`speculation`, inherited: an eager reply to a turn not yet over; the LLM holds it.)
 
 
 def _as_it_stands(context: LLMContext) -> LLMContext:
@@ -69,11 +55,12 @@ class _Prefetch:
 class RetrievalProcessor(FrameProcessor):
     def __init__(self, search: SearchPassages, *, max_tokens: int, timeout_s: float,
                  on_miss: Callable[[str], None] = lambda reason: None,
-                 on_prefetched: Callable[[list[Passage]], Awaitable[None]] | None = None, **kwargs) -> None:
+                 warm_llm_with: LLMContext | None = None, **kwargs) -> None:
+        """`warm_llm_with`: the call's context, sent on with passages found early so the LLM
+        reads the prompt up to them; None: they are kept for the turn only."""
         super().__init__(**kwargs)
         self._search = search
-        self._on_prefetched = on_prefetched
-        self._warm: asyncio.Task | None = None
+        self._warm_llm_with = warm_llm_with
         self._max_tokens = max_tokens
         self._timeout_s = timeout_s
         self._on_miss = on_miss
@@ -106,10 +93,8 @@ class RetrievalProcessor(FrameProcessor):
 
     async def _prefetch_and_warm(self, text: str) -> list[Passage]:
         passages = fit_passages(await self._search(text), self._max_tokens)
-        if self._on_prefetched is not None and passages and (self._warm is None or self._warm.done()):
-            # Not awaited: the passages are ready now; the warm-up is only a head start.
-            self._warm = asyncio.get_running_loop().create_task(self._on_prefetched(passages), name="llm-warm-passages")
-            self._warm.add_done_callback(lambda t: t.cancelled() or t.exception())
+        if self._warm_llm_with is not None and passages:
+            await self.push_frame(PrefetchedPassagesFrame(passages=passages, context=self._warm_llm_with))
         return passages
 
     def _drop_prefetch(self) -> None:
@@ -154,7 +139,4 @@ class RetrievalProcessor(FrameProcessor):
 
     async def cleanup(self) -> None:
         self._drop_prefetch()
-        if self._warm is not None:
-            self._warm.cancel()
-            await asyncio.gather(self._warm, return_exceptions=True)
         await super().cleanup()

@@ -12,6 +12,8 @@ The contract is pipecat's frame vocabulary:
                                there), LLMFullResponseStartFrame / LLMFullResponseEndFrame (a
                                response starts / is complete), InterruptionFrame (barge-in)
 
+Cadence's own frames (CallerSpeechEndFrame and the rest) are all in pipelines/frames.py.
+
 Everything around an adapter reads only that vocabulary: the transports, barge-in (pipecat's
 interruptions), `TurnObserver` (per-turn stage times, TTFS, stored turns, metrics) and
 `SpeechEventObserver` (the conversation as events, e.g. for /v1/realtime clients, including
@@ -20,14 +22,12 @@ where in the reply audio an interruption came).
 
 from __future__ import annotations
 
-from collections.abc import Callable
 from dataclasses import dataclass
 
 from pipecat.processors.aggregators.llm_context import LLMContext
 from pipecat.processors.frame_processor import FrameProcessor
 
 from models.base import ASREngine, EmbeddingEngine, LLMEngine, TTSEngine, TurnEndEngine
-from pipelines.turn_end import PauseVerdict
 
 
 @dataclass(frozen=True)
@@ -50,18 +50,3 @@ class SpeechStages:
     before_output: tuple[FrameProcessor, ...]
     after_output: tuple[FrameProcessor, ...]
     context: LLMContext
-
-
-@dataclass(frozen=True)
-class CallHooks:
-    """What a call's owner hears of its inner workings, for metrics and the call page."""
-
-    on_retrieval_miss: Callable[[str], None] = lambda reason: None
-    on_redacted: Callable[[int], None] = lambda count: None
-    on_asr_rejected: Callable[[str], None] = lambda reason: None
-    on_partial: Callable[[str], None] = lambda text: None
-    on_pause_verdict: Callable[[PauseVerdict], None] = lambda verdict: None
-    on_eager_reply: Callable[[str], None] = lambda outcome: None
-    on_long_turn_cut: Callable[[float], None] = lambda seconds: None
-    # A model failed a turn (model: asr | llm | tts; kind: stalled | error): the caller heard an apology.
-    on_model_failure: Callable[[str, str], None] = lambda model, kind: None

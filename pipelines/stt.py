@@ -30,12 +30,15 @@ turn ends. With `eager_reply`, a plausible speculative transcript is also pushed
 eager end of turn (pipecat's `EagerTranscriptionFrame`): the reply is generated from it
 while the VAD waits, and held until the turn ends (pipelines/eager_turn.py); if the caller
 goes on, it is withdrawn.
+
+The turn's bookkeeping (when a partial is due, when a long turn is cut, what each segment's
+transcript must begin with) is pure, in `TranscriptPlan` (pipelines/transcript_plan.py); this
+processor holds the audio and the engine's passes.
 """
 
 from __future__ import annotations
 
 import asyncio
-import collections
 import contextlib
 import logging
 import time
@@ -47,7 +50,6 @@ from pipecat.frames.frames import (
     Frame,
     InputAudioRawFrame,
     InterimTranscriptionFrame,
-    SystemFrame,
     TranscriptionFrame,
     TTSSpeakFrame,
     VADUserStoppedSpeakingFrame,
@@ -63,10 +65,11 @@ from models.stalls import failure_kind
 from models.scheduling import answer_within, wanted_in
 from models.base import ASREngine, Transcript
 from models.hallucination import MAX_COMPRESSION_RATIO, compression_ratio, repeats_itself, too_fast
-from pipelines.local_agreement import LocalAgreement
+from pipelines.frames import (CallerSpeechEndFrame, SpeculativeTranscriptFrame, TranscriptLostFrame,
+                              TurnPartTranscriptionFrame)
 from pipelines.pause_judge import PauseJudge
-from pipelines.retrieval import SpeculativeTranscriptFrame
 from pipelines.speech_end import quietest_point, silent_tail_seconds
+from pipelines.transcript_plan import AudioStep, TranscriptPlan
 
 log = logging.getLogger(__name__)
 
@@ -111,33 +114,6 @@ def is_plausible(transcript: Transcript) -> bool:
 
 
 @dataclass
-class CallerSpeechEndFrame(SystemFrame):
-    """The caller's turn ended; `last_voiced_at` is the wall-clock time of its last voiced audio."""
-
-    last_voiced_at: float = 0.0
-
-
-@dataclass
-@dataclass
-class TranscriptLostFrame(SystemFrame):
-    """The turn's words could not be transcribed (the ASR failed or stalled): the turn ends
-    here, and NOT_HEARD_REPLY, pushed next, is its reply."""
-
-    error: str = ""
-
-
-class TurnPartTranscriptionFrame(TranscriptionFrame):
-    """The transcript of part of a turn too long for one window, cut while the caller went on:
-    the turn's own transcript (the last part) follows. Aggregated as any transcript is."""
-
-
-@dataclass(frozen=True)
-class _QueuedSegment:
-    settled: str  # the words streaming partials had settled, which its transcript must begin with
-    whole_turn_end: bool  # the end of a turn (a guess made at its last pause may stand for it), not a cut
-
-
-@dataclass
 class _Speculation:
     audio_bytes: int  # how much of the turn's audio the speculative transcript covers
     task: asyncio.Task
@@ -172,24 +148,20 @@ class EngineSTTService(EagerEndOfTurnSTTServiceMixin, SegmentedSTTService):
         )
         self._engine = engine
         self._max_segment_bytes = int(max_segment_seconds * engine.sample_rate) * _PCM16_BYTES
+        self._plan = TranscriptPlan(max_segment_bytes=self._max_segment_bytes,
+                                    partial_every_bytes=int(partial_every_s * engine.sample_rate) * _PCM16_BYTES)
         self._clock = clock
         self._last_audio_at = 0.0  # when the newest buffered audio arrived
         self._speculation_lead_s = speculation_lead_s  # from a pause to the turn's end: VAD stop - speculation start
         self._speculation: _Speculation | None = None
         self.speculations_used = 0
         self.speculations_dropped = 0
-        self._partial_every_bytes = int(partial_every_s * engine.sample_rate) * _PCM16_BYTES
-        self._agreement = LocalAgreement()
         self._partial: asyncio.Task | None = None
-        self._partial_from_bytes = 0  # the turn's audio length when the last partial pass started
-        self._queued: collections.deque[_QueuedSegment] = collections.deque()  # one per segment queued
-        self.long_turn_cuts = 0
         self._on_rejected = on_rejected
         self._on_partial = on_partial
         self._on_long_turn_cut = on_long_turn_cut
         self._pause_judge = pause_judge
         self.partials_pushed = 0
-        self._paused = False  # the VAD heard a pause: the turn may be ending, the final comes first
         self._transcript_deadline_s = transcript_deadline_s
         self.transcripts_lost = 0
         self._on_lost = on_lost
@@ -197,14 +169,14 @@ class EngineSTTService(EagerEndOfTurnSTTServiceMixin, SegmentedSTTService):
     def speech_paused(self) -> None:
         """The caller went quiet mid-turn: start transcribing what we have. No partial pass
         starts until they go on: if the turn ends here, the final must find the model free."""
-        self._paused = True
+        self._plan.paused = True
         if self._speculation is not None or not self._user_speaking or not self._audio_buffer:
             if self._pause_judge is not None and self._speculation is None:
                 self._pause_judge.undecided()
             return
         audio = bytes(self._audio_buffer)
         voice = self._pause_judge.listen(audio) if self._pause_judge is not None else None
-        task = self.create_task(self._speculate(self._fit(audio), self._agreement.committed_text, voice),
+        task = self.create_task(self._speculate(self._fit(audio), self._plan.settled, voice),
                                 name="speculative-asr")
         # A guess that failed gives None (pipecat's task wrapper would log its error and return
         # None anyway): the turn's end then transcribes the audio afresh.
@@ -227,7 +199,7 @@ class EngineSTTService(EagerEndOfTurnSTTServiceMixin, SegmentedSTTService):
             if voice is not None and asyncio.current_task().cancelling():
                 voice.cancel()  # the caller went on: nobody needs the verdict
         plausible = is_plausible(transcript)
-        if plausible and self._partial_every_bytes:
+        if plausible and self._plan.partial_every_bytes:
             # The words so far, as a partial: partial passes wait behind this guess and are
             # dropped when the turn ends, so on a loaded machine it is often the only pass
             # that finishes while the caller is still on the turn (whose page then showed
@@ -242,13 +214,13 @@ class EngineSTTService(EagerEndOfTurnSTTServiceMixin, SegmentedSTTService):
             await self._push_eager_end_of_turn(transcript.text, user_id=self._user_id)
         if self._pause_judge is not None:
             verdict = await self._pause_judge.decide(transcript.text if plausible else None, voice)
-            if self._paused:  # still this pause: a resumed caller has cancelled this task
+            if self._plan.paused:  # still this pause: a resumed caller has cancelled this task
                 self._pause_judge.apply(verdict)
         return transcript
 
     def speech_resumed(self) -> None:
         """The caller went on talking: the speculative transcript is missing words."""
-        self._paused = False
+        self._plan.paused = False
         self._drop_speculation()
         if self.eager_end_of_turn_pending:
             # A system frame: it overtakes queued frames and withdraws the held reply.
@@ -263,24 +235,22 @@ class EngineSTTService(EagerEndOfTurnSTTServiceMixin, SegmentedSTTService):
     async def _handle_user_started_speaking(self, frame) -> None:
         self._drop_speculation()
         self._drop_partial()
-        self._agreement.reset()
-        self._paused = False
+        self._plan.turn_starting()
         await super()._handle_user_started_speaking(frame)
         # The buffer already holds pipecat's ~1 s of audio from before the VAD spoke, most of
         # it silence: the first partial waits for `partial_every_s` of the turn itself, since
         # Whisper turns a fraction of a word into a guess ("Hel-" came back "The Lord.").
-        self._partial_from_bytes = len(self._audio_buffer)
+        self._plan.partials_from(len(self._audio_buffer))
 
     async def process_audio_frame(self, frame: InputAudioRawFrame, direction: FrameDirection) -> None:
         await super().process_audio_frame(frame, direction)
         self._last_audio_at = self._clock()  # STT is the first stage after the transport: ~arrival time
         # Not during a pause: the turn may be ending, and its end cuts it anyway (below).
-        if self._user_speaking and not self._paused and len(self._audio_buffer) >= self._max_segment_bytes:
+        step = self._plan.audio(len(self._audio_buffer), speaking=self._user_speaking,
+                                partial_running=self._partial is not None)
+        if step is AudioStep.CUT:
             await self._cut_long_turn()
-        elif (self._partial_every_bytes and self._user_speaking and self._partial is None and not self._paused
-                and len(self._audio_buffer) - self._partial_from_bytes >= self._partial_every_bytes
-                and len(self._audio_buffer) <= self._max_segment_bytes):
-            self._partial_from_bytes = len(self._audio_buffer)
+        elif step is AudioStep.PARTIAL:
             self._partial = self.create_task(self._partial_pass(bytes(self._audio_buffer)), name="partial-asr")
 
     async def _cut_long_turn(self) -> None:
@@ -292,12 +262,7 @@ class EngineSTTService(EagerEndOfTurnSTTServiceMixin, SegmentedSTTService):
         del self._audio_buffer[:cut]
         self._drop_speculation()
         self._drop_partial()
-        # No settled words forced on the part: partials saw the audio past the cut as well, and
-        # words they settled there would be transcribed twice (once here, again in the rest).
-        self._queued.append(_QueuedSegment("", whole_turn_end=False))
-        self._agreement.reset()
-        self._partial_from_bytes = len(self._audio_buffer)
-        self.long_turn_cuts += 1
+        self._plan.cut(remaining=len(self._audio_buffer))
         seconds = len(head) / _PCM16_BYTES / self.sample_rate
         self._on_long_turn_cut(seconds)
         log.info("caller turn longer than %.0f s: %.1f s of it cut and transcribed, the turn goes on",
@@ -307,7 +272,7 @@ class EngineSTTService(EagerEndOfTurnSTTServiceMixin, SegmentedSTTService):
     async def _partial_pass(self, audio: bytes) -> None:
         try:
             with wanted_in(PARTIAL_LEAD_S):
-                transcript = await self._continuing(audio, self._agreement.committed_text)
+                transcript = await self._continuing(audio, self._plan.settled)
         except CadenceError as exc:  # busy or gone: partials are a nicety, the final will say
             log.debug("partial transcription skipped: %s", exc)
             return
@@ -318,10 +283,10 @@ class EngineSTTService(EagerEndOfTurnSTTServiceMixin, SegmentedSTTService):
             if reason != "empty":
                 self._on_rejected(reason)
             return
-        self._agreement.update(transcript.text)
+        partial = self._plan.heard(transcript.text)
         self.partials_pushed += 1
-        self._on_partial(self._agreement.text)
-        await self.push_frame(InterimTranscriptionFrame(self._agreement.text, self._user_id, time_now_iso8601()))
+        self._on_partial(partial)
+        await self.push_frame(InterimTranscriptionFrame(partial, self._user_id, time_now_iso8601()))
 
     def _drop_partial(self) -> None:
         if self._partial is not None:
@@ -341,12 +306,11 @@ class EngineSTTService(EagerEndOfTurnSTTServiceMixin, SegmentedSTTService):
     async def _handle_user_stopped_speaking(self, frame: VADUserStoppedSpeakingFrame) -> None:
         await self.push_frame(CallerSpeechEndFrame(last_voiced_at=self._last_voiced_at(frame)))
         self._clear_eager_end_of_turn()  # the turn is over: the final transcript settles it
-        self._paused = False  # a verdict still out is for a pause that is over
+        self._plan.paused = False  # a verdict still out is for a pause that is over
         self._drop_partial()  # the final pass starts now, on all of the turn
-        if len(self._audio_buffer) > self._max_segment_bytes:  # it grew past the limit in a pause
+        if self._plan.needs_cut_at_end(len(self._audio_buffer)):  # it grew past the limit in a pause
             await self._cut_long_turn()
-        self._queued.append(_QueuedSegment(self._agreement.committed_text, whole_turn_end=True))
-        self._agreement.reset()
+        self._plan.turn_ended()
         await super()._handle_user_stopped_speaking(frame)
 
     def _last_voiced_at(self, frame: VADUserStoppedSpeakingFrame) -> float:
@@ -373,7 +337,7 @@ class EngineSTTService(EagerEndOfTurnSTTServiceMixin, SegmentedSTTService):
         return audio
 
     async def _transcribe(self, audio: bytes) -> Transcript:
-        queued = self._queued.popleft() if self._queued else _QueuedSegment("", whole_turn_end=True)
+        queued = self._plan.next_segment()
         settled = queued.settled
         # A cut's transcript is of its own audio: a guess made since covers the rest of the turn.
         speculation, self._speculation = (self._speculation, None) if queued.whole_turn_end else (None, self._speculation)
@@ -395,6 +359,10 @@ class EngineSTTService(EagerEndOfTurnSTTServiceMixin, SegmentedSTTService):
         return await self._continuing(self._fit(audio), settled if len(audio) <= self._max_segment_bytes else "")
 
     @property
+    def long_turn_cuts(self) -> int:
+        return self._plan.cuts
+
+    @property
     def wants_wav_segments(self) -> bool:
         return False  # the engine reads raw 16-bit PCM
 
@@ -411,7 +379,7 @@ class EngineSTTService(EagerEndOfTurnSTTServiceMixin, SegmentedSTTService):
         return True
 
     async def run_stt(self, audio: bytes) -> AsyncGenerator[Frame | None, None]:
-        part = bool(self._queued) and not self._queued[0].whole_turn_end  # _transcribe takes it off
+        part = self._plan.next_is_part  # _transcribe takes it off
         await self.start_processing_metrics()
         deadline_s = self._transcript_deadline_s(len(audio) / (_PCM16_BYTES * self.sample_rate)) \
             if self._transcript_deadline_s is not None else None

@@ -14,9 +14,8 @@ import logging
 import re
 import time
 from collections.abc import AsyncGenerator, Callable
-from dataclasses import dataclass
 
-from pipecat.frames.frames import ErrorFrame, Frame, SystemFrame, TTSAudioRawFrame
+from pipecat.frames.frames import ErrorFrame, Frame, TTSAudioRawFrame
 from pipecat.services.settings import TTSSettings
 from pipecat.services.tts_service import TTSService
 
@@ -24,19 +23,11 @@ from models.errors import CadenceError
 from models.base import TTSEngine
 from models.scheduling import wanted_in
 from models.stalls import StallLimits, failure_kind, without_stalls
+from pipelines.frames import TTSSentenceTimingFrame
 from pipelines.speakable import speakable
 from pipelines.text_chunking import FirstPhraseAggregator
 
 log = logging.getLogger(__name__)
-
-
-@dataclass
-class TTSSentenceTimingFrame(SystemFrame):
-    """One sentence's synthesis latency. A system frame: it is not held behind the audio
-    it describes, and an interruption does not discard it."""
-
-    text: str = ""
-    ttfb_seconds: float = 0.0
 
 
 # A later sentence is wanted this long before the audio ahead of it runs out: its own

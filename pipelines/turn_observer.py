@@ -24,9 +24,8 @@ from pipecat.frames.frames import (
 from pipecat.observers.base_observer import BaseObserver, FramePushed
 from pipecat.processors.frame_processor import FrameDirection, FrameProcessor
 
-from pipelines.retrieval import TurnContextFrame
-from pipelines.stt import CallerSpeechEndFrame, TranscriptLostFrame, TurnPartTranscriptionFrame
-from pipelines.tts import TTSSentenceTimingFrame
+from pipelines.frames import (CallerSpeechEndFrame, TranscriptLostFrame, TTSSentenceTimingFrame, TurnContextFrame,
+                              TurnPartTranscriptionFrame)
 from pipelines.turn_timeline import Turn, TurnTimeline
 
 

@@ -2,7 +2,9 @@
 
 The VAD ends a turn only after `stop_secs` of silence. Knowing earlier that the caller
 went quiet lets ASR start transcribing while that silence is still being waited out
-(see `EngineSTTService.speech_paused`); if the caller goes on, the guess is dropped.
+(see `EngineSTTService.speech_paused`); if the caller goes on, the guess is dropped. The VAD
+tells a `PauseListener` (the STT) of each pause and its end, on the event loop, as it hears
+them: a frame pushed up from the aggregator the VAD runs in would reach the STT later.
 
 The silence that ends the turn can change while it is being waited out: `allow_pause`
 shortens or lengthens it for the current pause (the turn-end policy's verdict,
@@ -19,8 +21,8 @@ recurrent state, and ONNX Runtime runs one session from several threads at once.
 from __future__ import annotations
 
 import threading
-from collections.abc import Callable
 from importlib import resources
+from typing import Protocol
 
 import onnxruntime
 from pipecat.audio.vad.silero import SileroOnnxModel, SileroVADAnalyzer
@@ -64,15 +66,27 @@ class SharedSessionSileroVAD(SileroVADAnalyzer):
         self._low_confidence_windows = 0
 
 
+class PauseListener(Protocol):
+    """Told by the VAD when the caller goes quiet mid-turn, and when they go on."""
+
+    def speech_paused(self) -> None: ...
+
+    def speech_resumed(self) -> None: ...
+
+
 class PauseAwareSileroVAD(SharedSessionSileroVAD):
-    def __init__(self, *, pause_secs: float, on_pause: Callable[[], None], on_resume: Callable[[], None],
-                 **kwargs) -> None:
+    def __init__(self, *, pause_secs: float, **kwargs) -> None:
+        """`pause_secs`: silence after which the caller counts as paused (inf: never)."""
         super().__init__(**kwargs)
         self._pause_secs = pause_secs
-        self._on_pause = on_pause
-        self._on_resume = on_resume
+        self._listener: PauseListener | None = None
         self._paused = False
         self._stop_secs = self.params.stop_secs
+
+    def report_pauses_to(self, listener: PauseListener) -> None:
+        """`listener` hears of every pause from now on. Set once the listener is built: the STT
+        is built after the VAD, as its pause judge sets the VAD's allowance (`allow_pause`)."""
+        self._listener = listener
 
     def allow_pause(self, seconds: float) -> None:
         """Silence that ends the turn during this pause (from the event loop; the analysis
@@ -88,18 +102,20 @@ class PauseAwareSileroVAD(SharedSessionSileroVAD):
         self._stop_secs = params.stop_secs
 
     async def analyze_audio(self, buffer: bytes) -> VADState:
-        # The analysis runs on the VAD's thread; the callbacks run here, on the event loop.
+        # The analysis runs on the VAD's thread; the listener is told here, on the event loop.
         state = await super().analyze_audio(buffer)
         if state == VADState.SPEAKING and self._paused:
             self._paused = False
             self._reset_pause_allowance()
-            self._on_resume()
+            if self._listener is not None:
+                self._listener.speech_resumed()
         elif state == VADState.STOPPING and not self._paused:
             silent_secs = self._vad_stopping_count * self.num_frames_required() / self.sample_rate
             if silent_secs >= self._pause_secs:
                 self._paused = True
                 self._reset_pause_allowance()  # a verdict from an earlier pause must not end this one
-                self._on_pause()
+                if self._listener is not None:
+                    self._listener.speech_paused()
         elif state == VADState.QUIET:
             if self._paused:
                 self._reset_pause_allowance()

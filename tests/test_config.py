@@ -70,3 +70,30 @@ def test_cli_overrides_apply(tmp_path):
 def test_config_is_frozen():
     with pytest.raises(AttributeError):
         CadenceConfig().server.port = 1  # type: ignore[misc]
+
+
+def test_each_call_gets_the_configs_own_settings_as_the_pipelines_options(tmp_path):
+    from pipelines.options import PauseOptions, VADOptions
+
+    config = load_config(write(tmp_path, """
+vad: {confidence: 0.61, start_secs: 0.25, min_volume: 0.55}
+turn_end: {enabled: false, eager_reply: false, incomplete_pause_s: 1.2}
+server: {schedule: arrival}
+limits: {max_user_turn_seconds: 20}
+asr: {partial_every_s: 0.5}
+deadlines: {asr_seconds: 2.5, asr_per_audio_second: 0.25, llm_first_token_seconds: 7, tts_first_audio_seconds: 4}
+llm: {max_history_messages: 8}
+retrieval: {timeout_ms: 300, warm_llm_on_guess: true}
+"""))
+    options = config.call_options()
+    assert options.vad == VADOptions(confidence=0.61, start_secs=0.25, min_volume=0.55)
+    assert options.pauses == PauseOptions(judged=False, eager_reply=False, limits=config.turn_end)
+    assert options.pauses.limits.incomplete_pause_s == 1.2
+    assert options.schedule_by_wanted is False and CadenceConfig().call_options().schedule_by_wanted is True
+    assert (options.max_user_turn_seconds, options.partial_every_s, options.max_history_messages) == (20, 0.5, 8)
+    assert options.transcript_deadline.seconds_for(10.0) == config.deadlines.asr_seconds_for(10.0) == 5.0
+    assert (options.llm_stall_limits, options.tts_stall_limits) == (config.deadlines.llm, config.deadlines.tts)
+    assert (options.retrieval_timeout_s, options.warm_llm_on_guess) == (0.3, True)
+    assert options.orpheus_model is None  # the CPU voice
+    orpheus = load_config(write(tmp_path, "tts: {engine: orpheus}")).call_options()
+    assert orpheus.orpheus_model == CadenceConfig().tts.orpheus.model

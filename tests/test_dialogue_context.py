@@ -41,7 +41,7 @@ def test_messages_added_together_are_bounded_too_and_the_system_prompt_stays():
 def test_the_cascade_gives_each_call_a_bounded_context(default_config):
     from agent.agents import AgentLimits, parse_spec, resolve
     from pipelines.cascade import cascade_stages
-    from pipelines.speech_adapter import CallHooks
+    from pipelines.call_events import CallEvents
     from pipelines.voice import Engines
     from tests.fakes import ScriptedASR, ScriptedLLM, ToneTTS
 
@@ -49,7 +49,7 @@ def test_the_cascade_gives_each_call_a_bounded_context(default_config):
                                AgentLimits(max_prompt_chars=200, max_greeting_chars=50)),
                     default_config)
     stages = cascade_stages(engines=Engines(asr=ScriptedASR("hi"), llm=ScriptedLLM(["Hello."]), tts=ToneTTS()),
-                            config=default_config, agent=agent, search=None, hooks=CallHooks())
+                            options=default_config.call_options(), agent=agent, search=None, events=CallEvents())
     context: LLMContext = stages.context
     for n in range(500):  # as the aggregators write each turn: the caller's words, then the reply
         context.add_message(message(n))

@@ -29,7 +29,8 @@ from pipecat.tests.utils import run_test
 from models.errors import CapacityError
 from models.stalls import StallLimits
 from pipelines.llm import CUT_SHORT_REPLY, FALLBACK_REPLY, EngineLLMService, prompt_window
-from pipelines.stt import CallerSpeechEndFrame, EngineSTTService, compression_ratio, is_plausible
+from pipelines.frames import CallerSpeechEndFrame
+from pipelines.stt import EngineSTTService, compression_ratio, is_plausible
 from pipelines.tts import EngineTTSService
 from models.base import Transcript
 from tests.fakes import ScriptedASR, ScriptedLLM, ToneTTS
@@ -282,7 +283,7 @@ def test_a_short_loop_too_small_for_gzip_is_caught_as_a_repetition():
 
 
 async def test_every_sentence_reports_its_own_ttfb():
-    from pipelines.tts import TTSSentenceTimingFrame
+    from pipelines.frames import TTSSentenceTimingFrame
 
     ticks = iter(range(100))
     engine = ToneTTS(chunks=2)
@@ -437,8 +438,8 @@ def test_the_schedule_switch_reaches_the_voice_and_bad_values_are_refused(defaul
     from pipelines.cascade import tts_service
 
     arrival = replace(default_config, server=replace(default_config.server, schedule="arrival"))
-    assert tts_service(ToneTTS(), arrival, voice="tone")._schedule_by_playout is False
-    assert tts_service(ToneTTS(), default_config, voice="tone")._schedule_by_playout is True
+    assert tts_service(ToneTTS(), arrival.call_options(), voice="tone")._schedule_by_playout is False
+    assert tts_service(ToneTTS(), default_config.call_options(), voice="tone")._schedule_by_playout is True
     (tmp_path / "c.yaml").write_text("server: {schedule: fifo}\n")
     with pytest.raises(ConfigError, match="server.schedule must be one of wanted-by, arrival"):
         load_config(tmp_path / "c.yaml")

@@ -13,7 +13,8 @@ from pipecat.tests.utils import run_test
 
 from pipelines.knowledge_context import REFERENCE_OPEN, Passage, fit_passages, reference_message, with_references
 from pipelines.llm import EngineLLMService
-from pipelines.retrieval import RetrievalProcessor, SpeculativeTranscriptFrame, TurnContextFrame
+from pipelines.frames import SpeculativeTranscriptFrame, TurnContextFrame
+from pipelines.retrieval import RetrievalProcessor
 from tests.fakes import ScriptedLLM
 
 HOURS = Passage(text="The clinic opens at 8 a.m. on weekdays.", source="hours.md", chunk_id=7, score=0.03)
@@ -165,8 +166,7 @@ async def test_passages_found_early_warm_the_llm_prompt_up_to_the_question():
     llm = EngineLLMService(engine, max_reply_tokens=50, max_history_messages=8)
     ctx = context("When do you open?")
     history = LLMContext(messages=ctx.get_messages()[:-1])  # the question is not in the context yet
-    retrieval = RetrievalProcessor(search, max_tokens=300, timeout_s=5.0,
-                                   on_prefetched=lambda passages: llm.warm_for_passages(history, passages))
+    retrieval = RetrievalProcessor(search, max_tokens=300, timeout_s=5.0, warm_llm_with=history)
     await run_test(Pipeline([retrieval, llm]), frames_to_send=[SpeculativeTranscriptFrame(text="when do you open"),
                                                                LLMContextFrame(ctx)])
     warmed = engine.warmed[0]  # then, after the reply, the next turn's prefix (the test below)

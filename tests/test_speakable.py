@@ -9,7 +9,8 @@ from pipecat.frames.frames import TTSSpeakFrame, TTSTextFrame
 from pipecat.tests.utils import run_test
 
 from pipelines.speakable import digit_words, number_words, ordinal_words, speakable
-from pipelines.tts import EngineTTSService, OrpheusTTSService, TTSSentenceTimingFrame
+from pipelines.frames import TTSSentenceTimingFrame
+from pipelines.tts import EngineTTSService, OrpheusTTSService
 from tests.fakes import ToneTTS
 
 

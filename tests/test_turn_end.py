@@ -81,14 +81,16 @@ async def test_the_vad_ends_a_pause_at_the_length_it_is_allowed():
 
     async def quiet_after(allowance_s: float | None) -> float:
         """Seconds of silence the VAD heard before the turn ended."""
-        vad: PauseAwareSileroVAD | None = None
+        class Judge:  # at the pause, a verdict (as the STT's pause judge gives one)
+            def speech_paused(self) -> None:
+                if allowance_s is not None:
+                    vad.allow_pause(allowance_s)
 
-        def paused() -> None:
-            if allowance_s is not None:
-                vad.allow_pause(allowance_s)
+            def speech_resumed(self) -> None:
+                pass
 
-        vad = PauseAwareSileroVAD(params=VADParams(stop_secs=1.0), sample_rate=16_000, pause_secs=0.1,
-                                  on_pause=paused, on_resume=lambda: None)
+        vad = PauseAwareSileroVAD(params=VADParams(stop_secs=1.0), sample_rate=16_000, pause_secs=0.1)
+        vad.report_pauses_to(Judge())
         vad.set_sample_rate(16_000)
         chunk = 640  # 20 ms
         for i in range(0, len(voice), chunk):
@@ -121,11 +123,18 @@ class ScriptedVoice(TurnEndEngine):
         return self.probability
 
 
+class Allowed(list):
+    """The pauses a judge allowed, in order (it stands for the VAD)."""
+
+    def allow_pause(self, seconds: float) -> None:
+        self.append(seconds)
+
+
 def judged_stt(text: str, probability: float, *, eager: bool = False):
-    allowed: list[float] = []
+    allowed = Allowed()
     verdicts: list[PauseVerdict] = []
     voice = ScriptedVoice(probability)
-    judge = PauseJudge(options=OPTIONS, default_pause_s=0.4, allow_pause=allowed.append, engine=voice,
+    judge = PauseJudge(options=OPTIONS, default_pause_s=0.4, allowance=allowed, engine=voice,
                        on_verdict=verdicts.append)
     stt = EngineSTTService(ScriptedASR(text), max_segment_seconds=30, pause_judge=judge, eager_reply=eager)
     return stt, voice, allowed, verdicts
@@ -156,8 +165,8 @@ async def test_a_verdict_for_a_pause_the_caller_ended_by_speaking_is_not_applied
             await engine_gate.wait()
             return await super().transcribe(pcm16, prompt=prompt)
 
-    allowed: list[float] = []
-    judge = PauseJudge(options=OPTIONS, default_pause_s=0.4, allow_pause=allowed.append, engine=ScriptedVoice(0.9))
+    allowed = Allowed()
+    judge = PauseJudge(options=OPTIONS, default_pause_s=0.4, allowance=allowed, engine=ScriptedVoice(0.9))
     stt = EngineSTTService(SlowASR("Where is my package?"), max_segment_seconds=30, pause_judge=judge)
     frames = [VADUserStartedSpeakingFrame(), *speech(30), PauseMarker(), PauseMarker(resumed=True), *speech(5)]
     await run_test(Pipeline([PauseSignals(stt), stt]), frames_to_send=frames)

@@ -53,8 +53,7 @@ def test_it_sets_what_pipecats_analyzer_sets():
 
 def test_every_call_runs_on_one_session():
     first, second = analyzer(SharedSessionSileroVAD), analyzer(SharedSessionSileroVAD)
-    pause_aware = PauseAwareSileroVAD(sample_rate=RATE, pause_secs=0.2, on_pause=lambda: None,
-                                      on_resume=lambda: None)
+    pause_aware = PauseAwareSileroVAD(sample_rate=RATE, pause_secs=0.2)
     assert first._model.session is second._model.session is pause_aware._model.session is shared_silero_session()
     assert first._model is not second._model  # the recurrent state is not shared
 

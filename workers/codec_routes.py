@@ -13,7 +13,8 @@ from __future__ import annotations
 
 import asyncio
 import logging
-from typing import TYPE_CHECKING
+from collections.abc import Callable
+from typing import Protocol
 
 from starlette.routing import WebSocketRoute
 from starlette.websockets import WebSocket, WebSocketDisconnect
@@ -23,16 +24,34 @@ from models.orpheus.codec_engine import SnacCodecEngine
 from models.orpheus.codec_wire import (
     FINAL, FLUSH, KINDS, PATH, TRY_AGAIN_LATER, WINDOW, CodecRequest, CodecWireError, decode_request, encode_audio,
     encode_refusal)
+from models.base import Engine
 from models.orpheus.snac_stream import StreamState
-
-if TYPE_CHECKING:
-    from workers.server import _Worker
+from workers.worker_metrics import WorkerMetrics
 
 log = logging.getLogger(__name__)
 _INTERNAL_ERROR = 1011  # WebSocket close code: the server failed
 
 
-def codec_routes(worker: _Worker) -> list[WebSocketRoute]:
+class CodecLimits(Protocol):
+    max_codec_frames: int  # most frames in one request; more is refused
+    codec_idle_s: float  # a stream silent this long is closed, freeing its slot
+
+
+class CodecHost(Protocol):
+    """What the stream endpoint reads and counts of the worker that serves it (workers/server.py)."""
+
+    engine: Engine  # a SnacCodecEngine (checked by `codec_routes`)
+    name: str
+    ready: bool  # the engine is loaded and warmed
+    load_error: str | None  # why it failed to load, if it did
+    in_flight: int  # streams open now; the endpoint counts its own
+    max_in_flight: int  # streams the worker holds at once
+    limits: CodecLimits
+    metrics: WorkerMetrics
+    clock: Callable[[], float]
+
+
+def codec_routes(worker: CodecHost) -> list[WebSocketRoute]:
     if not isinstance(worker.engine, SnacCodecEngine):
         raise ValueError(f"role codec needs a SnacCodecEngine; got {type(worker.engine).__name__}")
 
@@ -59,7 +78,7 @@ def codec_routes(worker: _Worker) -> list[WebSocketRoute]:
     return [WebSocketRoute(PATH, stream)]
 
 
-def _refusal(worker: _Worker) -> str | None:
+def _refusal(worker: CodecHost) -> str | None:
     if not worker.ready:
         return f"worker {worker.name} is not ready: {worker.load_error or 'loading the engine'}"
     if worker.in_flight >= worker.max_in_flight:
@@ -67,7 +86,7 @@ def _refusal(worker: _Worker) -> str | None:
     return None
 
 
-async def _serve(worker: _Worker, websocket: WebSocket, state: StreamState) -> None:
+async def _serve(worker: CodecHost, websocket: WebSocket, state: StreamState) -> None:
     engine = worker.engine
     assert isinstance(engine, SnacCodecEngine)
     limits = worker.limits

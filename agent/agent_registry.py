@@ -17,13 +17,13 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-import yaml
 
 from agent.agents import (AgentLimits, AgentSpec, check_against_server, compact, merge_patch, parse_spec,
                           resolve)
 from agent.config import CadenceConfig
 from agent.errors import ConfigError, ConflictError, NotFoundError
 from agent.store import CallStore
+from models.config_loader import read_yaml
 from pipelines.call_agent import CallAgent
 
 log = logging.getLogger(__name__)
@@ -59,10 +59,7 @@ def load_agent_files(config: CadenceConfig, *, llm_context_tokens: int | None = 
         raise ConfigError(f"agents.dir {folder} is not a directory")
     agents: dict[str, FileAgent] = {}
     for path in sorted([*folder.glob("*.yaml"), *folder.glob("*.yml")]):
-        try:
-            data = yaml.safe_load(path.read_text())
-        except (OSError, UnicodeDecodeError, yaml.YAMLError) as exc:
-            raise ConfigError(f"{path}: cannot read agent: {exc}") from exc
+        data = read_yaml(path, "agent")
         spec = parse_spec(data, limits_of(config), where=str(path))
         check_against_server(spec, config, where=str(path), llm_context_tokens=llm_context_tokens)
         if spec.name in agents:

@@ -15,9 +15,10 @@ import re
 from dataclasses import dataclass
 from typing import Any
 
-from agent.config import CadenceConfig, build_dataclass
+from agent.config import CadenceConfig
 from agent.errors import ConfigError
 from models.base import Sampling
+from models.config_loader import build_dataclass
 from pipelines.call_agent import PIPELINES, CallAgent, RetrievalSettings, SpeechToSpeechSettings
 from pipelines.prompt_budget import PromptBudget
 

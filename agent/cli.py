@@ -22,6 +22,7 @@ import argparse
 import logging
 import os
 import sys
+from collections.abc import Callable
 
 from agent.auth import bind_refusal, operator_keys
 from agent.config import load_config
@@ -34,23 +35,41 @@ API_KEY_ENV = "CADENCE_API_KEY"  # the key `agents`, `chat` and `ingest` send, w
 
 def main(argv: list[str] | None = None) -> int:
     argv = sys.argv[1:] if argv is None else argv
-    if argv[:1] == ["workers"] and argv[1:2] in (["plan"], ["up"]):
-        # The model plane's own commands parse their flags; nothing of the web server loads.
-        if argv[1] == "plan":
-            from workers import plan_cli
+    delegated = _delegated(argv)
+    if delegated is not None:
+        own_main, own_argv = delegated
+        return own_main(own_argv)
+    args = _parser().parse_args(argv)
+    if args.command == "bench":
+        return _bench(args)
+    if args.command in ("agents", "chat", "ingest", "drain"):
+        return _client(args)
+    return _serve(args)
 
-            return plan_cli.main(argv[2:])
+
+def _delegated(argv: list[str]) -> tuple[Callable[[list[str]], int | None], list[str]] | None:
+    """(its main, its arguments) for a command that parses its own flags, or None. Nothing of
+    the web server loads for these."""
+    if argv[:1] == ["workers"] and argv[1:2] == ["plan"]:
+        from workers import plan_cli
+
+        return plan_cli.main, argv[2:]
+    if argv[:1] == ["workers"] and argv[1:2] == ["up"]:
         from workers import up_cli
 
-        return up_cli.main(argv[2:])
+        return up_cli.main, argv[2:]
     if argv[:1] == ["transcribe"]:
         from transcription import cli as transcribe_cli
 
-        return transcribe_cli.main(argv[1:])
+        return transcribe_cli.main, argv[1:]
     if argv[:1] == ["worker"]:
         from workers import serve_worker
 
-        return serve_worker.main(argv[1:])
+        return serve_worker.main, argv[1:]
+    return None
+
+
+def _parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(prog="cadence", description="Cadence voice agent server")
     sub = parser.add_subparsers(dest="command", required=True)
     serve = sub.add_parser("serve", help="serve the agent over WebRTC, phone WebSocket and HTTP")
@@ -61,6 +80,19 @@ def main(argv: list[str] | None = None) -> int:
     serve.add_argument("--log-level", default="info", choices=["debug", "info", "warning", "error"])
     serve.add_argument("--insecure", action="store_true",
                        help="serve on a non-loopback address without API keys (anyone who reaches it may call)")
+    _add_client_commands(sub)
+    workers = sub.add_parser("workers", help="the model plane: `workers plan|up --deployment FILE` (see --help of each)")
+    workers.add_argument("workers_command", choices=["plan", "up"])
+    sub.add_parser("worker", help="one of Cadence's own model workers: `worker --deployment FILE --worker NAME`")
+    drain = sub.add_parser("drain", help="refuse new calls and wait until the live ones end (Kubernetes preStop)")
+    drain.add_argument("--url", default=DEFAULT_URL, help=f"the server (default {DEFAULT_URL}); only from its machine")
+    drain.add_argument("--timeout", type=float, default=600.0, help="seconds to wait for live calls (default 600)")
+    _add_bench_commands(sub)
+    return parser
+
+
+def _add_client_commands(sub) -> None:
+    """`agents`, `chat` and `ingest`: clients of a running server's HTTP API."""
     agents = sub.add_parser("agents", help="list, show or apply agents on a running server")
     agents_sub = agents.add_subparsers(dest="agents_command", required=True)
     listing = agents_sub.add_parser("list", help="every agent, the default first")
@@ -77,12 +109,9 @@ def main(argv: list[str] | None = None) -> int:
     ingest.add_argument("--quiet", action="store_true", help="no progress bar")
     for client in (listing, show, apply, chat, ingest):
         client.add_argument("--url", default=DEFAULT_URL, help=f"the server (default {DEFAULT_URL})")
-    workers = sub.add_parser("workers", help="the model plane: `workers plan|up --deployment FILE` (see --help of each)")
-    workers.add_argument("workers_command", choices=["plan", "up"])
-    sub.add_parser("worker", help="one of Cadence's own model workers: `worker --deployment FILE --worker NAME`")
-    drain = sub.add_parser("drain", help="refuse new calls and wait until the live ones end (Kubernetes preStop)")
-    drain.add_argument("--url", default=DEFAULT_URL, help=f"the server (default {DEFAULT_URL}); only from its machine")
-    drain.add_argument("--timeout", type=float, default=600.0, help="seconds to wait for live calls (default 600)")
+
+
+def _add_bench_commands(sub) -> None:
     bench = sub.add_parser("bench", help="component benchmarks")
     bench_sub = bench.add_subparsers(dest="bench", required=True)
     codec = bench_sub.add_parser("tts-codec", help="streaming SNAC decode vs the public sliding-window decoder")
@@ -93,12 +122,9 @@ def main(argv: list[str] | None = None) -> int:
     codec.add_argument("--batches", default="1,2,4,8,16", help="batch sizes whose throughput is measured")
     codec.add_argument("--compile", action="store_true", help="torch.compile the decoder (each shape compiles once)")
     codec.add_argument("--trials", type=int, default=3, help="runs per stream count in the real-time search (median)")
-    args = parser.parse_args(argv)
-    if args.command == "bench":
-        return _bench(args)
-    if args.command in ("agents", "chat", "ingest", "drain"):
-        return _client(args)
 
+
+def _serve(args) -> int:
     overrides = {}
     if args.host:
         overrides["server__host"] = args.host

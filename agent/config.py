@@ -7,17 +7,14 @@ Nothing deep in the code reads configuration from globals: the app factory gets 
 from __future__ import annotations
 
 import dataclasses
-import types
-import typing
 from dataclasses import dataclass, field, fields
 from pathlib import Path
 from typing import Any
 
-import yaml
-
 from agent.auth import AuthConfig
 from agent.errors import ConfigError
 from knowledge.options import KnowledgeOptions
+from models.config_loader import build_dataclass, read_yaml
 from models.orpheus.options import OrpheusOptions
 from models.piper_tts import PiperOptions
 from models.stalls import StallLimits
@@ -367,13 +364,11 @@ def _validate(config: CadenceConfig) -> None:
 
 
 def load_config(path: str | Path | None = None, **overrides: Any) -> CadenceConfig:
-    """Reads YAML (if given) into `CadenceConfig`; unknown keys and wrong types are errors."""
+    """Reads YAML (if given) into `CadenceConfig`; unknown keys and wrong types are errors
+    naming the key's path (models/config_loader.py)."""
     data: dict[str, Any] = {}
     if path is not None:
-        try:
-            data = yaml.safe_load(Path(path).read_text()) or {}
-        except (OSError, yaml.YAMLError) as exc:
-            raise ConfigError(f"cannot read config {path}: {exc}") from exc
+        data = read_yaml(path, "config") or {}
         if not isinstance(data, dict):
             raise ConfigError(f"config {path} must be a mapping at top level")
     for dotted, value in overrides.items():
@@ -383,50 +378,3 @@ def load_config(path: str | Path | None = None, **overrides: Any) -> CadenceConf
         else:  # a top-level key, e.g. deployment
             data[section] = value
     return build_dataclass(CadenceConfig, data, "config")
-
-
-def build_dataclass(cls: type, data: Any, where: str) -> Any:
-    if not isinstance(data, dict):
-        raise ConfigError(f"{where} must be a mapping, got {type(data).__name__}")
-    hints = typing.get_type_hints(cls)
-    known = {f.name for f in dataclasses.fields(cls)}
-    unknown = set(data) - known
-    if unknown:
-        raise ConfigError(f"{where}: unknown keys {sorted(unknown)}; known: {sorted(known)}")
-    kwargs = {name: _coerce(hints[name], value, f"{where}.{name}") for name, value in data.items()}
-    try:
-        return cls(**kwargs)
-    except (TypeError, ValueError) as exc:  # ValueError: a section's own __post_init__ check
-        raise ConfigError(f"{where}: {exc}") from exc
-
-
-def _coerce(hint: Any, value: Any, where: str) -> Any:
-    origin = typing.get_origin(hint)
-    if dataclasses.is_dataclass(hint):
-        return build_dataclass(hint, value, where)
-    if origin in (typing.Union, types.UnionType):
-        options = typing.get_args(hint)
-        if value is None and type(None) in options:
-            return None
-        for option in options:
-            if option is type(None):
-                continue
-            try:
-                return _coerce(option, value, where)
-            except ConfigError:
-                continue
-        raise ConfigError(f"{where}: {value!r} does not fit {hint}")
-    if origin is tuple:
-        if isinstance(value, str) or not isinstance(value, (list, tuple)):
-            raise ConfigError(f"{where}: expected a list, got {value!r}")
-        (item_hint, _ellipsis) = typing.get_args(hint)
-        return tuple(_coerce(item_hint, v, f"{where}[{i}]") for i, v in enumerate(value))
-    if hint is float:
-        if isinstance(value, bool) or not isinstance(value, (int, float)):
-            raise ConfigError(f"{where}: expected a number, got {value!r}")
-        return float(value)
-    if hint in (int, str, bool):
-        if not isinstance(value, hint) or (hint is int and isinstance(value, bool)):
-            raise ConfigError(f"{where}: expected {hint.__name__}, got {value!r}")
-        return value
-    raise ConfigError(f"{where}: unsupported config type {hint}")

@@ -80,30 +80,36 @@ def sse(event: str, data: Any) -> str:
     return f"event: {event}\ndata: {json.dumps(data, separators=(',', ':'))}\n\n"
 
 
-def dashboard_router(*, store: CallStore, manager: CallManager, events: TurnEvents, engines: Engines,
-                     page: Path, clock: Callable[[], float] = time.time,
-                     status_interval_s: float = STATUS_INTERVAL_S) -> APIRouter:
-    router = APIRouter()
+class LiveTurns:
+    """What /api/dashboard/stream sends one subscriber: each turn as it closes, and a status
+    (calls, engine queues, streams) every `status_interval_s`, which is also the heartbeat."""
 
-    def status(subscription: Subscription) -> dict[str, Any]:
+    def __init__(self, *, manager: CallManager, events: TurnEvents, engines: Engines, clock: Callable[[], float],
+                 status_interval_s: float) -> None:
+        self._manager, self._events, self._engines = manager, events, engines
+        self._clock = clock
+        self._status_interval_s = status_interval_s
+
+    def status(self, subscription: Subscription) -> dict[str, Any]:
+        engines = self._engines
         return {
-            "at": clock(),
-            "calls": manager.in_progress(),
+            "at": self._clock(),
+            "calls": self._manager.in_progress(),
             # batch_size: the last batch an engine ran, for engines that batch (none of the embedded ones do).
             "engines": [{"name": name, "queue_depth": getattr(engine, "queue_depth", None),
                          "batch_size": getattr(engine, "batch_size", None)}
                         for name, engine in (("asr", engines.asr), ("llm", engines.llm), ("tts", engines.tts))],
-            "streams": events.subscriber_count,
+            "streams": self._events.subscriber_count,
             "dropped": subscription.dropped,
         }
 
-    async def stream(subscription: Subscription) -> AsyncIterator[str]:
+    async def stream(self, subscription: Subscription) -> AsyncIterator[str]:
         # Ends when the hub closes (server shutdown). A client that goes away cancels the
         # response, which frees the subscriber slot (EventStreamResponse).
         loop = asyncio.get_running_loop()
         yield f"retry: {RECONNECT_MS}\n\n"
-        yield sse("status", status(subscription))
-        next_status = loop.time() + status_interval_s
+        yield sse("status", self.status(subscription))
+        next_status = loop.time() + self._status_interval_s
         while True:
             try:
                 event = await subscription.next(max(0.0, next_status - loop.time()))
@@ -113,8 +119,15 @@ def dashboard_router(*, store: CallStore, manager: CallManager, events: TurnEven
             if event is not None:
                 yield sse("turn", event)
             if loop.time() >= next_status:
-                yield sse("status", status(subscription))
-                next_status = loop.time() + status_interval_s
+                yield sse("status", self.status(subscription))
+                next_status = loop.time() + self._status_interval_s
+
+
+def dashboard_router(*, store: CallStore, manager: CallManager, events: TurnEvents, engines: Engines,
+                     page: Path, clock: Callable[[], float] = time.time,
+                     status_interval_s: float = STATUS_INTERVAL_S) -> APIRouter:
+    router = APIRouter()
+    live = LiveTurns(manager=manager, events=events, engines=engines, clock=clock, status_interval_s=status_interval_s)
 
     @router.get("/dashboard")
     async def dashboard_page() -> FileResponse:
@@ -158,7 +171,7 @@ def dashboard_router(*, store: CallStore, manager: CallManager, events: TurnEven
             subscription = events.subscribe()
         except CapacityError as exc:
             return _error(503, str(exc), retryable=True)
-        return EventStreamResponse(subscription, stream(subscription))
+        return EventStreamResponse(subscription, live.stream(subscription))
 
     return router
 

@@ -11,7 +11,7 @@ progress against capacity, each engine's load, the event loop's lag, uptime and 
               ok        serving, nothing to report
 
 It answers 200 whatever the status: the body is the answer, and a server that can answer
-this is up. `overall_status` is pure; the route only gathers what it judges.
+this is up. `overall_status` is pure; the route (agent/health_routes.py) only gathers what it judges.
 """
 
 from __future__ import annotations
@@ -22,10 +22,7 @@ from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
-from fastapi import APIRouter
-
 from agent.calls import CallManager
-from agent.loop_lag import LoopLagMonitor
 from agent.store import CallStore
 from models.base import Engine
 from pipelines.voice import Engines
@@ -121,29 +118,3 @@ def calls_in_progress(manager: CallManager, capacity: int, now: float) -> dict[s
                "turns": call["turns"]}
               for call in manager.in_progress()[:MAX_LISTED_CALLS]]
     return {"active": manager.active_count, "capacity": capacity, "listed": listed}
-
-
-def health_router(*, readiness: Readiness, manager: CallManager, engines: Engines, loop_lag: LoopLagMonitor,
-                  store: CallStore, capacity: int, started_at: float, clock: Callable[[], float] = time.time,
-                  monotonic: Callable[[], float] = time.monotonic) -> APIRouter:
-    """`started_at`: when the app was created, on `monotonic`'s scale (uptime); `clock`: wall
-    time, the scale calls' `started_at` is on."""
-    router = APIRouter()
-    by_role = named_engines(engines)
-
-    @router.get("/api/health")
-    async def health() -> dict[str, Any]:
-        store_check = await check_store(store)
-        engine_states = engine_health(by_role, readiness)
-        lag = loop_lag.snapshot()
-        status, reasons = overall_status(Findings(
-            ready=readiness.ready.is_set(), load_error=readiness.error, draining=manager.draining,
-            lag_max_s=lag["max_recent_s"], lag_limit_s=loop_lag.options.degraded_at_s, store=store_check,
-            cooling_off=cooling_off(engine_states)))
-        return {"status": status, "reasons": reasons, "uptime_s": round(monotonic() - started_at, 1),
-                "calls": calls_in_progress(manager, capacity, clock()), "engines": engine_states,
-                "event_loop": lag,
-                "store": {"reachable": store_check.reachable, "latency_ms": store_check.latency_ms,
-                          "error": store_check.error}}
-
-    return router

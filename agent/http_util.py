@@ -10,6 +10,8 @@ from fastapi.responses import JSONResponse
 
 from agent.errors import (BadInputError, CadenceError, ConfigError, ConflictError, ForbiddenError, NotFoundError,
                           SessionLimitError, UnauthorizedError)
+from knowledge.errors import KnowledgeError
+from transcription.errors import TranscriptionError
 
 
 async def bounded_body(request: Request, limit: int) -> bytes | None:
@@ -54,7 +56,9 @@ def error_for(exc: CadenceError) -> JSONResponse:
         # RFC 6750: a 401 names the scheme the client should use.
         return JSONResponse({"error": str(exc), "retryable": False, "reason": exc.reason}, status_code=401,
                             headers={"WWW-Authenticate": "Bearer"})
-    if isinstance(exc, BodyTooLarge):
+    if isinstance(exc, (KnowledgeError, TranscriptionError)):
+        status = exc.http_status  # those branches carry their own
+    elif isinstance(exc, BodyTooLarge):
         status = 413
     elif isinstance(exc, ForbiddenError):
         status = 403

@@ -32,6 +32,12 @@ class CadenceMetrics:
         ProcessCollector(registry=self.registry)
         Gauge("cadence_process_threads", "OS threads of the server process (native ones included)",
               registry=self.registry).set_function(_os_threads)
+        self._define_call_metrics()
+        self._define_model_metrics()
+        self._define_server_metrics()
+
+    def _define_call_metrics(self) -> None:
+        """Latency per stage, calls, access and bad input: what callers live through."""
         self.stage_seconds = Histogram(
             "cadence_stage_seconds", "Time from the caller's end of speech to each pipeline stage",
             ["stage", "transport"], buckets=_LATENCY_BUCKETS, registry=self.registry,
@@ -62,6 +68,9 @@ class CadenceMetrics:
             "server.request_header_timeout_seconds (silent or trickling clients)", registry=self.registry)
         self.turns_total = Counter("cadence_turns_total", "Completed turns", ["transport", "interrupted"],
                                    registry=self.registry)
+
+    def _define_model_metrics(self) -> None:
+        """Engines, retrieval and what each turn's models decided or failed."""
         self.engine_queue_depth = Gauge("cadence_engine_queue_depth", "Requests queued or running per engine",
                                         ["engine"], registry=self.registry)
         self.retrieval_seconds = Histogram(
@@ -100,6 +109,9 @@ class CadenceMetrics:
             "cadence_eager_replies_total",
             "Replies started at a pause, by how they ended (confirmed: used; missed / withdrawn / expired: dropped)",
             ["outcome"], registry=self.registry)
+
+    def _define_server_metrics(self) -> None:
+        """Transcription jobs, dashboard streams, the event loop and the garbage collector."""
         self.transcriptions = Counter("cadence_transcriptions_total", "Transcription jobs by how they ended",
                                       ["status"], registry=self.registry)
         self.transcribed_audio_seconds = Counter("cadence_transcribed_audio_seconds_total",

@@ -1,6 +1,7 @@
 """TTFS percentiles over time, per agent and transport, as plain functions (no I/O).
 
-The dashboard's summary is computed here from stored turns: overall p50/p95/p99, the
+The dashboard's summary is computed here from stored turns: overall p50/p95/p99 (by
+`percentile`, the one definition the bench uses too), the
 same per time bucket (buckets aligned to multiples of their width, so a chart that is
 refreshed keeps its buckets), and per (agent, transport) group.
 """
@@ -9,7 +10,7 @@ from __future__ import annotations
 
 import math
 from collections import defaultdict
-from collections.abc import Iterable, Sequence
+from collections.abc import Iterable
 from dataclasses import dataclass
 from typing import Any
 
@@ -28,26 +29,31 @@ class TtfsSample:
     transport: str
 
 
-def percentile(sorted_values: Sequence[float], q: float) -> float:
-    """Nearest-rank percentile: the smallest value with at least q% of the values at or below it.
+def percentile(values: Iterable[float | None], q: float) -> float | None:
+    """The q-th percentile of `values` (any order; None entries are skipped), linearly
+    interpolated between the two nearest ranks: numpy's default, and statistics.median's at
+    q = 50. None when there are no values.
 
-    It is always a value that was observed (no interpolation between two turns), so a p99
-    over few turns is simply the slowest one: honest for the small counts a dashboard shows.
+    Cadence's one percentile: the dashboard's TTFS and the bench's figures (latency_bench/
+    stats.py imports it) are the same statistic, so a dashboard p95 and a bench p95 agree.
     """
-    if not sorted_values:
-        raise ValueError("percentile of no values")
-    if not 0 < q <= 100:
-        raise ValueError(f"percentile must be in (0, 100], got {q}")
-    rank = math.ceil(q / 100.0 * len(sorted_values))
-    return sorted_values[max(rank, 1) - 1]
+    if not 0 <= q <= 100:
+        raise ValueError(f"percentile must be in [0, 100], got {q}")
+    ordered = sorted(v for v in values if v is not None)
+    if not ordered:
+        return None
+    position = (len(ordered) - 1) * q / 100
+    low, high = math.floor(position), math.ceil(position)
+    return ordered[low] + (ordered[high] - ordered[low]) * (position - low)
 
 
 def latency_stats(values: Iterable[float]) -> dict[str, Any]:
     """{"count", "p50", "p95", "p99"}; the percentiles are None when there are no values."""
-    ordered = sorted(values)
-    stats: dict[str, Any] = {"count": len(ordered)}
+    present = list(values)
+    stats: dict[str, Any] = {"count": len(present)}
     for q in PERCENTILES:
-        stats[f"p{q}"] = round(percentile(ordered, q), 1) if ordered else None
+        value = percentile(present, q)
+        stats[f"p{q}"] = None if value is None else round(value, 1)
     return stats
 
 

@@ -2,22 +2,13 @@
 
 from __future__ import annotations
 
-import math
 from collections.abc import Iterable
+
+from agent.ttfs_stats import percentile  # the product's one definition: interpolated, as numpy's
 
 CALLER_METRICS = ("ttfs_ms", "ttfb_ms", "reply_seconds", "underruns", "barge_in_stop_ms")
 STAGES = ("asr_final", "retrieval", "llm_first_token", "first_sentence", "tts_first_audio", "first_audio_sent")
 QUANTILES = (50, 95, 99)
-
-
-def percentile(values: Iterable[float], q: float) -> float | None:
-    """Linear-interpolated percentile (numpy's default); None for no values."""
-    ordered = sorted(v for v in values if v is not None)
-    if not ordered:
-        return None
-    position = (len(ordered) - 1) * q / 100
-    low, high = math.floor(position), math.ceil(position)
-    return ordered[low] + (ordered[high] - ordered[low]) * (position - low)
 
 
 def distribution(values: Iterable[float | None]) -> dict:

@@ -1,5 +1,6 @@
 """The exceptions every layer may raise, at the bottom so that `models/` (and a worker
-process that imports only `models/`) needs nothing above it.
+process that imports only `models/`) needs nothing above it: the root of the one tree,
+which agent/errors.py draws whole.
 
     CadenceError                 base; `retryable` says whether the same request may succeed later
     ├── ConfigError              the configuration is invalid; fix the YAML or the flags
@@ -8,8 +9,9 @@ process that imports only `models/`) needs nothing above it.
     ├── WorkerUnavailableError   a model worker cannot be reached or went away mid-request (retryable)
     └── StalledError             a model's answer stopped coming within its deadline (retryable)
 
-`agent/errors.py` adds the errors only the agent server raises (not found, conflicts, bad
-input) under the same base. Messages say what went wrong and what to do, and never carry
+Above them: the agent server's own (agent/errors.py: not found, conflicts, access, bad
+input), knowledge's (knowledge/errors.py) and transcription's (transcription/errors.py),
+all under the same base. Messages say what went wrong and what to do, and never carry
 secrets or transcripts.
 """
 

@@ -36,16 +36,16 @@ def test_an_agents_choices_win_over_the_defaults():
 
 
 @pytest.mark.parametrize("data, message", [
-    ({"system_prompt": "p"}, "name"),
-    ({"name": "a"}, "system_prompt"),
+    ({"system_prompt": "p"}, "agent.name: required"),
+    ({"name": "a"}, "agent.system_prompt: required"),
     ({"name": "Bad Name", "system_prompt": "p"}, "agent.name must be"),
     ({"name": "-x", "system_prompt": "p"}, "agent.name must be"),
     ({"name": "a" * 65, "system_prompt": "p"}, "agent.name must be"),
     ({"name": "a", "system_prompt": "   "}, "system_prompt must not be empty"),
     ({"name": "a", "system_prompt": "x" * 201}, "system_prompt is 201 characters; the limit is 200"),
     ({"name": "a", "system_prompt": "p", "greeting": "x" * 51}, "greeting is longer than 50"),
-    ({"name": "a", "system_prompt": "p", "colour": "red"}, "unknown keys ['colour']"),
-    ({"name": "a", "system_prompt": "p", "llm": {"temprature": 1}}, "agent.llm: unknown keys ['temprature']"),
+    ({"name": "a", "system_prompt": "p", "colour": "red"}, "agent.colour: unknown key"),
+    ({"name": "a", "system_prompt": "p", "llm": {"temprature": 1}}, "agent.llm.temprature: unknown key"),
     ({"name": "a", "system_prompt": "p", "llm": {"temperature": "hot"}}, "agent.llm.temperature"),
     ({"name": "a", "system_prompt": "p", "llm": {"temperature": 3}}, "llm.temperature must be in [0, 2]"),
     ({"name": "a", "system_prompt": "p", "llm": {"top_p": 0}}, "llm.top_p must be in (0, 1]"),

@@ -76,7 +76,7 @@ def test_drops_in_as_a_config_section():
     config = build_dataclass(AuthConfig, {"api_keys": [KEY_A], "allowed_origins": ["https://a.example"],
                                           "max_sessions_per_key": 3}, "config.auth")
     assert config == AuthConfig(api_keys=(KEY_A,), allowed_origins=("https://a.example",), max_sessions_per_key=3)
-    with pytest.raises(ConfigError, match="config.auth: unknown keys"):
+    with pytest.raises(ConfigError, match="config.auth.api_key: unknown key"):
         build_dataclass(AuthConfig, {"api_key": KEY_A}, "config.auth")
     with pytest.raises(ConfigError, match="config.auth: .*shorter") as caught:
         build_dataclass(AuthConfig, {"api_keys": ["tiny-key"]}, "config.auth")

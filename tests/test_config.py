@@ -38,7 +38,7 @@ server:
 
 
 @pytest.mark.parametrize("text, message", [
-    ("servr: {}", "unknown keys ['servr']"),
+    ("servr: {}", "config.servr: unknown key; known: agents, asr"),
     ("server: {port: 'eighty'}", "config.server.port: expected int"),
     ("server: {port: 0}", "server.port must be 1..65535"),
     ("vad: {stop_secs: 10}", "vad.stop_secs"),
@@ -97,3 +97,23 @@ retrieval: {timeout_ms: 300, warm_llm_on_guess: true}
     assert options.orpheus_model is None  # the CPU voice
     orpheus = load_config(write(tmp_path, "tts: {engine: orpheus}")).call_options()
     assert orpheus.orpheus_model == CadenceConfig().tts.orpheus.model
+
+
+def test_config_agents_and_deployments_share_one_loader_and_its_messages(tmp_path):
+    from agent.agents import AgentSpec
+    from models.config_loader import build_dataclass
+    from workers.deployment import parse_deployment
+
+    with pytest.raises(ConfigError, match=r"^config.servr, config.vda: unknown keys; known: agents, "):
+        load_config(write(tmp_path, "servr: {}\nvda: {}\n"))
+    with pytest.raises(ConfigError, match=r"^agent.name: expected str, got 5$"):
+        build_dataclass(AgentSpec, {"name": 5, "system_prompt": "p"}, "agent")
+    with pytest.raises(ConfigError, match=r"^workers.w.threads: expected int, got '2'$"):
+        parse_deployment({"name": "d", "workers": {"w": {"engine": "vllm", "role": "llm", "threads": "2"}}}, "d.yaml")
+    # A required field names itself, and what it wants where its field says.
+    with pytest.raises(ConfigError, match=r"^workers.w.engine: required; one of llama-server, vllm"):
+        parse_deployment({"name": "d", "workers": {"w": {"role": "llm"}}}, "d.yaml")
+    # Unreadable files say which file and what it was meant to be.
+    bad = write(tmp_path, "server: [unclosed\n")
+    with pytest.raises(ConfigError, match=f"^{bad}: cannot read config: "):
+        load_config(bad)

@@ -30,17 +30,19 @@ from tests.fakes import ScriptedASR, ScriptedLLM, ToneTTS
 
 # ---------- percentiles and buckets ----------
 
-def test_percentiles_are_nearest_rank_over_observed_values():
+def test_percentiles_interpolate_between_the_nearest_ranks_as_the_bench_does():
+    from latency_bench import stats as bench_stats
+
+    assert bench_stats.percentile is percentile  # one definition for the dashboard and the bench
     values = [float(v) for v in range(1, 101)]
-    assert [percentile(values, q) for q in (50, 95, 99, 100)] == [50.0, 95.0, 99.0, 100.0]
-    assert [percentile([100.0, 200.0], q) for q in (50, 95, 99)] == [100.0, 200.0, 200.0]
+    assert [percentile(values, q) for q in (50, 95, 99, 100)] == pytest.approx([50.5, 95.05, 99.01, 100.0])
+    assert [percentile([100.0, 200.0], q) for q in (50, 95, 99)] == pytest.approx([150.0, 195.0, 199.0])
     assert percentile([7.0], 99) == 7.0
-    assert latency_stats([300.0, 100.0, 200.0]) == {"count": 3, "p50": 200.0, "p95": 300.0, "p99": 300.0}
+    assert latency_stats([300.0, 100.0, 200.0]) == {"count": 3, "p50": 200.0, "p95": 290.0, "p99": 298.0}
     assert latency_stats([]) == {"count": 0, "p50": None, "p95": None, "p99": None}
-    with pytest.raises(ValueError, match="no values"):
-        percentile([], 50)
-    with pytest.raises(ValueError, match="in \\(0, 100\\]"):
-        percentile([1.0], 0)
+    assert percentile([], 50) is None
+    with pytest.raises(ValueError, match="in \\[0, 100\\]"):
+        percentile([1.0], 101)
 
 
 def test_summary_buckets_are_aligned_listed_when_empty_and_bounded_by_the_window():
@@ -56,8 +58,8 @@ def test_summary_buckets_are_aligned_listed_when_empty_and_bounded_by_the_window
     assert [b["start"] for b in result["buckets"]] == [90.0, 120.0, 150.0, 180.0]
     assert [b["count"] for b in result["buckets"]] == [2, 1, 0, 1]
     assert result["buckets"][2] == {"start": 150.0, "count": 0, "p50": None, "p95": None, "p99": None}
-    assert result["buckets"][0]["p50"] == 800.0 and result["buckets"][0]["p99"] == 900.0
-    assert result["overall"] == {"count": 4, "p50": 900.0, "p95": 1500.0, "p99": 1500.0}
+    assert result["buckets"][0]["p50"] == 850.0 and result["buckets"][0]["p99"] == 899.0
+    assert result["overall"] == {"count": 4, "p50": 950.0, "p95": 1425.0, "p99": 1485.0}
     assert [(g["agent"], g["transport"], g["count"]) for g in result["groups"]] == [
         ("a", "twilio", 1), ("a", "webrtc", 2), ("b", "twilio", 1)]
 
@@ -66,7 +68,7 @@ def test_a_filter_narrows_the_series_but_every_group_stays_listed():
     samples = [TtfsSample(10.0, 700, "a", "webrtc"), TtfsSample(20.0, 1100, "a", "twilio"),
                TtfsSample(30.0, 1300, "b", "twilio")]
     result = summarize(samples, start=0.0, end=59.0, bucket_s=60.0, transport="twilio")
-    assert result["overall"] == {"count": 2, "p50": 1100.0, "p95": 1300.0, "p99": 1300.0}
+    assert result["overall"] == {"count": 2, "p50": 1200.0, "p95": 1290.0, "p99": 1298.0}
     assert len(result["groups"]) == 3
     only_b = summarize(samples, start=0.0, end=59.0, bucket_s=60.0, agent="b", transport="twilio")
     assert only_b["overall"]["count"] == 1 and only_b["buckets"][0]["p50"] == 1300.0
@@ -231,7 +233,7 @@ async def test_turns_and_summary_come_from_the_store_with_filters(fake_config):
 
         summary = (await s.http.get("/api/dashboard/summary", params={"window_s": 600, "transport": "webrtc"})).json()
         assert summary["bucket_s"] == default_bucket_s(600) and summary["truncated"] is False
-        assert summary["overall"] == {"count": 3, "p50": 1000.0, "p95": 1200.0, "p99": 1200.0}
+        assert summary["overall"] == {"count": 3, "p50": 1000.0, "p95": 1180.0, "p99": 1196.0}
         assert sum(b["count"] for b in summary["buckets"]) == 3
         assert [(g["agent"], g["transport"], g["count"]) for g in summary["groups"]] == [("a", "webrtc", 2),
                                                                                         ("b", "webrtc", 1)]

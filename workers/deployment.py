@@ -1,23 +1,20 @@
 """A deployment: which model workers exist, what runs each, where, and for how many streams.
 
-Frozen dataclasses, filled from YAML by a strict loader: an unknown key, a wrong type or a
-value out of range is a `ConfigError` naming the key's path (`workers.llm.batching.max_bach:
-unknown key`). Each section checks its own ranges in `__post_init__` (raising ValueError with
-a message relative to the section); the loader adds the path.
+Frozen dataclasses, filled from YAML by the strict loader the server config uses too
+(models/config_loader.py): an unknown key, a wrong type or a value out of range is a
+`ConfigError` naming the key's path (`workers.llm.batching.max_bach: unknown key`). Each
+section checks its own ranges in `__post_init__` (raising ValueError with a message relative
+to the section); the loader adds the path.
 """
 
 from __future__ import annotations
 
-import dataclasses
 import re
-import types
-import typing
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-import yaml
-
+from models.config_loader import build_dataclass, coerce, construct, read_yaml, refuse_unknown
 from models.errors import ConfigError
 
 ROLES = ("asr", "llm", "tts", "codec", "embedder")
@@ -86,7 +83,7 @@ class MemoryBudget:
 class WorkerSpec:
     name: str  # the key under `workers:`; replicas are named <name>-<i>
     role: str  # asr | llm | tts | codec | embedder; defaults to the name
-    engine: str  # one of ENGINE_ROLES
+    engine: str = field(metadata={"required": f"one of {', '.join(ENGINE_ROLES)}"})  # one of ENGINE_ROLES
     # process: started by `cadence serve` / `cadence workers up`; in-process: inside the agent
     # server; external: someone else runs it at `url`.
     run: str = "process"
@@ -158,92 +155,26 @@ class Deployment:
 def load_deployment(path: str | Path) -> Deployment:
     """Reads a deployment YAML file; any problem is a ConfigError naming the key."""
     path = Path(path)
-    try:
-        data = yaml.safe_load(path.read_text())
-    except (OSError, yaml.YAMLError) as exc:
-        raise ConfigError(f"cannot read deployment {path}: {exc}") from exc
-    return parse_deployment(data, str(path.resolve()))
+    return parse_deployment(read_yaml(path, "deployment"), str(path.resolve()))
 
 
 def parse_deployment(data: Any, source: str) -> Deployment:
     if not isinstance(data, dict):
         raise ConfigError(f"deployment {source} must be a mapping at top level")
-    _refuse_unknown(data, {"name", "host", "workers"}, "")
+    refuse_unknown(data, {"name", "host", "workers"}, "")
     workers = data.get("workers")
     if not isinstance(workers, dict) or not workers:
         raise ConfigError(f"deployment {source}: workers must be a mapping of worker name -> settings")
     specs = tuple(_worker(str(name), settings) for name, settings in workers.items())
-    fields = {"name": _coerce(str, data.get("name"), "name"), "source": source, "workers": specs}
+    fields = {"name": coerce(str, data.get("name"), "name"), "source": source, "workers": specs}
     if "host" in data:
-        fields["host"] = _coerce(str, data["host"], "host")
-    return _construct(Deployment, fields, "deployment")
+        fields["host"] = coerce(str, data["host"], "host")
+    return construct(Deployment, fields, "deployment")
 
 
 def _worker(name: str, settings: Any) -> WorkerSpec:
+    """The key under `workers:` is the worker's name, and its role unless it names one."""
     where = f"workers.{name}"
     if not isinstance(settings, dict):
         raise ConfigError(f"{where} must be a mapping, got {type(settings).__name__}")
-    hints = typing.get_type_hints(WorkerSpec)
-    known = {f.name for f in dataclasses.fields(WorkerSpec)} - {"name"}
-    _refuse_unknown(settings, known, where)
-    values = {key: _coerce(hints[key], value, f"{where}.{key}") for key, value in settings.items()}
-    values.setdefault("role", name)
-    if "engine" not in values:
-        raise ConfigError(f"{where}.engine: required; one of {', '.join(ENGINE_ROLES)}")
-    return _construct(WorkerSpec, {"name": name, **values}, where)
-
-
-def _construct(cls: type, values: dict[str, Any], where: str) -> Any:
-    try:
-        return cls(**values)
-    except ValueError as exc:  # a section's own range check
-        raise ConfigError(f"{where}: {exc}") from exc
-
-
-def _refuse_unknown(data: dict, known: set[str], where: str) -> None:
-    for key in data:
-        if key not in known:
-            path = f"{where}.{key}" if where else str(key)
-            raise ConfigError(f"{path}: unknown key; known: {', '.join(sorted(known))}")
-
-
-def _coerce(hint: Any, value: Any, where: str) -> Any:
-    """The value as `hint` wants it, or a ConfigError naming `where`."""
-    origin = typing.get_origin(hint)
-    if dataclasses.is_dataclass(hint):
-        if not isinstance(value, dict):
-            raise ConfigError(f"{where} must be a mapping, got {value!r}")
-        hints = typing.get_type_hints(hint)
-        _refuse_unknown(value, set(hints), where)
-        return _construct(hint, {k: _coerce(hints[k], v, f"{where}.{k}") for k, v in value.items()}, where)
-    if origin in (typing.Union, types.UnionType):
-        options = typing.get_args(hint)
-        if value is None and type(None) in options:
-            return None
-        choices = [o for o in options if o is not type(None)]
-        if len(choices) == 1:  # Optional[X]: X's own error names the deeper key
-            return _coerce(choices[0], value, where)
-        for option in choices:
-            try:
-                return _coerce(option, value, where)
-            except ConfigError:
-                continue
-        raise ConfigError(f"{where}: {value!r} is not a {' or '.join(_name(o) for o in options)}")
-    if origin is tuple:
-        if not isinstance(value, list) or not value:
-            raise ConfigError(f"{where}: expected a non-empty list, got {value!r}")
-        item = typing.get_args(hint)[0]
-        return tuple(_coerce(item, v, f"{where}[{i}]") for i, v in enumerate(value))
-    if hint is float:
-        if isinstance(value, bool) or not isinstance(value, (int, float)):
-            raise ConfigError(f"{where}: expected a number, got {value!r}")
-        return float(value)
-    if hint in (int, str, bool):
-        if not isinstance(value, hint) or (hint is int and isinstance(value, bool)):
-            raise ConfigError(f"{where}: expected {hint.__name__}, got {value!r}")
-        return value
-    raise ConfigError(f"{where}: unsupported type {hint}")
-
-
-def _name(hint: Any) -> str:
-    return "null" if hint is type(None) else getattr(hint, "__name__", str(hint))
+    return build_dataclass(WorkerSpec, {"role": name, **settings}, where, given={"name": name})

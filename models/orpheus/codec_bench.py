@@ -22,7 +22,8 @@ from models.orpheus.decode_service import DecodeServiceConfig, SnacDecodeService
 from models.orpheus.snac_decoder import LATENT_STEPS_PER_FRAME, SnacDecoder, frames_tensor, load_snac, snr_db
 from models.orpheus.snac_stream import SnacStreamer, frames_for_exact_audio_past
 from models.orpheus.streaming import FRAME_SECONDS, StreamPlan, StreamStats, stream_audio
-from models.orpheus.tokens import END_OF_SPEECH, FRAME_TOKENS, SAMPLES_PER_FRAME, frames_to_levels, snac_codes_to_tokens
+from models.orpheus.tokens import (CODEBOOK_SIZE, END_OF_SPEECH, FRAME_TOKENS, SAMPLES_PER_FRAME, frames_to_levels,
+                                   snac_codes_to_tokens)
 
 BASELINE_WINDOW_FRAMES = 4
 
@@ -85,7 +86,7 @@ def _time(fn: Callable[[], object], repeats: int) -> float:
 def step_throughput(streamer: SnacStreamer, batch: int, frames_per_step: int, repeats: int = 3) -> float:
     """Seconds of audio per second of decode for `batch` streams stepped together."""
     states = [streamer.new_state() for _ in range(batch)]
-    frames = torch.randint(0, 4096, (batch, frames_per_step, FRAME_TOKENS))
+    frames = torch.randint(0, CODEBOOK_SIZE, (batch, frames_per_step, FRAME_TOKENS))
     for _ in range(3):  # past the stream's start, into steady state
         streamer.step(states, frames)
     seconds = _time(lambda: streamer.step(states, frames), repeats)
@@ -94,7 +95,7 @@ def step_throughput(streamer: SnacStreamer, batch: int, frames_per_step: int, re
 
 def window_throughput(decoder: SnacDecoder, window_frames: int, emit_frames: int, repeats: int = 3) -> float:
     """Seconds of emitted audio per second of decode for one window at a time (the baseline)."""
-    frames = torch.randint(0, 4096, (1, window_frames, FRAME_TOKENS))
+    frames = torch.randint(0, CODEBOOK_SIZE, (1, window_frames, FRAME_TOKENS))
     seconds = _time(lambda: decoder.decode(frames, torch.zeros(1, dtype=torch.long)), repeats)
     return emit_frames * FRAME_SECONDS / seconds
 
@@ -120,7 +121,7 @@ async def service_realtime_check(decoder: SnacDecoder, streams: int, frames_per_
     rng = np.random.default_rng(3)
 
     async def one_stream() -> float:
-        frames = rng.integers(0, 4096, (frames_per_stream, FRAME_TOKENS))
+        frames = rng.integers(0, CODEBOOK_SIZE, (frames_per_stream, FRAME_TOKENS))
         tokens = snac_codes_to_tokens(*frames_to_levels(frames))
         worst, played_until = 0.0, None
         stream_stats = StreamStats()
@@ -147,7 +148,7 @@ def run(*, frames: int = 48, seed: int = 0, max_streams: int = 32, quick: bool =
     streamer = SnacStreamer(decoder, compile=compile)
     plan = StreamPlan()
     rng = np.random.default_rng(seed)
-    codes = rng.integers(0, 4096, (frames, FRAME_TOKENS))
+    codes = rng.integers(0, CODEBOOK_SIZE, (frames, FRAME_TOKENS))
     codes[0, 0], codes[-1, -1] = 0, 4095  # the edge codes public decoders mishandle
     decode = _sync_decoder(decoder)
     offline = decode(codes, 0)

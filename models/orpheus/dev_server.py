@@ -21,7 +21,8 @@ from fastapi import FastAPI, Request
 from fastapi.responses import JSONResponse, StreamingResponse
 
 from models.orpheus.tiny_llama import ORPHEUS_VOCAB, InProcessTokenSource
-from models.orpheus.token_source import CUSTOM_TOKEN_BASE, OrpheusSampling
+from models.orpheus.token_source import OrpheusSampling
+from models.orpheus.tokens import CUSTOM_TOKEN_BASE
 
 MAX_PROMPT_TOKENS = 4096
 

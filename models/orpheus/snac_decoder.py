@@ -20,12 +20,12 @@ import numpy as np
 import torch
 from torch import nn
 
-from models.orpheus.tokens import SAMPLES_PER_FRAME
+from models.orpheus.tokens import CODEBOOK_SIZE, FRAME_TOKENS, SAMPLES_PER_FRAME
 
 # hubertsiuzdak/snac_24khz config.json: the architecture Orpheus' codes are for.
 SNAC_24KHZ_CONFIG = {
     "sampling_rate": 24000, "encoder_dim": 48, "encoder_rates": [2, 4, 8, 8], "decoder_dim": 1024,
-    "decoder_rates": [8, 8, 4, 2], "attn_window_size": None, "codebook_size": 4096, "codebook_dim": 8,
+    "decoder_rates": [8, 8, 4, 2], "attn_window_size": None, "codebook_size": CODEBOOK_SIZE, "codebook_dim": 8,
     "vq_strides": [4, 2, 1], "noise": True, "depthwise": True,
 }
 SNAC_24KHZ_REPO = "hubertsiuzdak/snac_24khz"
@@ -129,17 +129,17 @@ def _lock_noise(model: nn.Module, seed: int) -> list[PositionLockedNoise]:
 
 
 def frames_tensor(frames: np.ndarray) -> torch.Tensor:
-    return torch.as_tensor(np.asarray(frames, dtype=np.int64)).reshape(1, -1, 7)
+    return torch.as_tensor(np.asarray(frames, dtype=np.int64)).reshape(1, -1, FRAME_TOKENS)
 
 
 def receptive_field_frames(decoder: SnacDecoder, *, n: int = 24) -> tuple[int, int]:
     """How many frames before and after a frame change its audio (measured, not assumed)."""
     rng = np.random.default_rng(0)
-    frames = rng.integers(0, 4096, (n, 7))
+    frames = rng.integers(0, CODEBOOK_SIZE, (n, FRAME_TOKENS))
     base = decoder.decode(frames_tensor(frames))[0]
     middle = n // 2
     changed = frames.copy()
-    changed[middle] = rng.integers(0, 4096, 7)
+    changed[middle] = rng.integers(0, CODEBOOK_SIZE, FRAME_TOKENS)
     diff = (decoder.decode(frames_tensor(changed))[0] - base).abs().reshape(n, SAMPLES_PER_FRAME).amax(dim=1)
     touched = torch.nonzero(diff > 1e-6).flatten().tolist()
     return middle - min(touched), max(touched) - middle

@@ -24,9 +24,8 @@ import httpx
 
 from models.errors import CadenceError
 from models.http_send import send_detached
-from models.orpheus.tokens import END_OF_SPEECH
+from models.orpheus.tokens import CUSTOM_TOKEN_BASE, END_OF_SPEECH
 
-CUSTOM_TOKEN_BASE = 128256  # <custom_token_0>
 BEGIN_OF_TEXT = 128000
 _LLAMA3_CONTROL_TEXT = {128001: "<|end_of_text|>", 128009: "<|eot_id|>"}
 PROMPT_FORMATS = ("token_ids", "text")

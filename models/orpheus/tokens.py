@@ -15,8 +15,11 @@ from collections.abc import Iterable, Sequence
 
 import numpy as np
 
-AUDIO_TOKEN_BASE = 128266
-CODEBOOK_SIZE = 4096
+# Orpheus' added tokens follow Llama 3's 128,000 ordinary and 256 special ones: <custom_token_N>
+# is id CUSTOM_TOKEN_BASE + N, and audio starts at <custom_token_10>.
+CUSTOM_TOKEN_BASE = 128_256
+AUDIO_TOKEN_BASE = CUSTOM_TOKEN_BASE + 10  # 128266
+CODEBOOK_SIZE = 4096  # codes per SNAC codebook level
 FRAME_TOKENS = 7
 SAMPLES_PER_FRAME = 2048  # SNAC 24 kHz: hop 512 x the 4 latent steps of one L0 code
 SAMPLE_RATE = 24_000

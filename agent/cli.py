@@ -186,7 +186,7 @@ def _quiet_loguru(level: str) -> None:
 def _bench(args) -> int:
     import json
 
-    from models.orpheus import codec_bench
+    from latency_bench.components import codec_bench
 
     batches = tuple(int(b) for b in args.batches.split(","))
     result = codec_bench.run(quick=args.quick, device=args.device, max_streams=args.max_streams, batches=batches,

@@ -19,15 +19,15 @@ raises the number of callers until TTFS p95 breaks the SLO or replies underrun;
 `compare` runs one scenario against Cadence and against a stock pipecat pipeline on
 the same models, both started by the bench, and prints ours / stock.
 Each writes DIR/results.json and PNG plots, and prints a JSON summary. `quality` asks
-the question set (latency_bench/quality_set.json) by text chat and, for its spoken
+the question set (latency_bench/quality/quality_set.json) by text chat and, for its spoken
 subset, by phone call; it writes DIR/quality.json and prints grounded-answer accuracy,
 refusal rate and reply length for each path. `pauses` has one caller stop mid-sentence
-and ask complete questions in turn (latency_bench/pauses.py): it counts replies that
+and ask complete questions in turn (latency_bench/quality/pauses.py): it counts replies that
 came inside the pauses, and the complete questions' TTFS. `transports` measures one agent
 through the phone socket, WebRTC, /v1/realtime and a speech-to-speech relay agent (a cascade
-behind a cascade), one caller at a time, alternating (latency_bench/transports.py).
+behind a cascade), one caller at a time, alternating (latency_bench/load/transports.py).
 `chaos` runs reliability scenarios against servers it starts and prints a pass/fail table
-(latency_bench/chaos.py).
+(latency_bench/chaos/suite.py).
 """
 
 from __future__ import annotations
@@ -40,8 +40,9 @@ import sys
 from dataclasses import replace
 from pathlib import Path
 
-from latency_bench import bench, report, servers
-from latency_bench.capacity import SLO, find_capacity
+from latency_bench import report, servers
+from latency_bench.load import runner
+from latency_bench.load.capacity import SLO, find_capacity
 from latency_bench.stats import summarize
 
 
@@ -61,9 +62,9 @@ def headline(results: dict) -> dict:
             "all": brief(results["summary"])}
 
 
-def _scenario(args) -> bench.Scenario:
-    return bench.Scenario(url=getattr(args, "url", None) or "", transport=args.transport, turns=args.turns,
-                          seed=args.seed, barge_in_every=args.barge_in_every, agent=args.agent)
+def _scenario(args) -> runner.Scenario:
+    return runner.Scenario(url=getattr(args, "url", None) or "", transport=args.transport, turns=args.turns,
+                           seed=args.seed, barge_in_every=args.barge_in_every, agent=args.agent)
 
 
 def _started_server(stack: contextlib.ExitStack, args, max_calls: int) -> str:
@@ -75,10 +76,10 @@ def _started_server(stack: contextlib.ExitStack, args, max_calls: int) -> str:
 
 
 def cmd_run(args) -> dict:
-    levels = bench.ramp_levels(args.callers) if args.ramp else [args.callers]
+    levels = runner.ramp_levels(args.callers) if args.ramp else [args.callers]
     with contextlib.ExitStack() as stack:
         scenario = replace(_scenario(args), url=_started_server(stack, args, max(levels)))
-        results = asyncio.run(bench.run(scenario, levels, progress=not args.quiet))
+        results = asyncio.run(runner.run(scenario, levels, progress=not args.quiet))
     report.write(args.out, results)
     return headline(results)
 
@@ -90,10 +91,10 @@ def cmd_capacity(args) -> dict:
         scenario = replace(_scenario(args), url=url)
 
         async def level(callers: int) -> dict:
-            await bench.wait_until_ready(url)
+            await runner.wait_until_ready(url)
             # A p95 needs samples: every level measures at least --min-turns turns in all.
             turns = max(args.turns, -(-args.min_turns // callers))
-            return (await bench.run(replace(scenario, turns=turns), [callers], progress=not args.quiet))["levels"][0]
+            return (await runner.run(replace(scenario, turns=turns), [callers], progress=not args.quiet))["levels"][0]
 
         found = asyncio.run(find_capacity(level, slo, start=args.start, step=args.step, max_callers=args.max_callers))
     results = {"scenario": {**vars(args), "out": str(args.out)}, "capacity": {k: v for k, v in found.items()
@@ -112,10 +113,10 @@ def cmd_compare(args) -> dict:
     ours_out, stock_out = args.out / "cadence", args.out / "stock-pipecat"
     with contextlib.ExitStack() as stack:
         url = args.ours_url or stack.enter_context(servers.cadence(ours_out, max_calls=max(4, args.callers)))
-        outcomes["cadence"] = asyncio.run(bench.run(replace(scenario, url=url), levels, progress=not args.quiet))
+        outcomes["cadence"] = asyncio.run(runner.run(replace(scenario, url=url), levels, progress=not args.quiet))
     report.write(ours_out, outcomes["cadence"])
     with servers.stock_pipecat(stock_out, turn_stop=args.stock_turn_stop, stop_secs=args.stock_stop_secs) as url:
-        outcomes["stock"] = asyncio.run(bench.run(replace(scenario, url=url), levels, progress=not args.quiet))
+        outcomes["stock"] = asyncio.run(runner.run(replace(scenario, url=url), levels, progress=not args.quiet))
     report.write(stock_out, outcomes["stock"])
     ours, stock = (outcomes[k]["summary"]["caller"]["ttfs_ms"] for k in ("cadence", "stock"))
     ratio = {q: (round(ours[q] / stock[q], 3) if ours[q] and stock[q] else None) for q in ("p50", "p95")}
@@ -132,13 +133,13 @@ def cmd_compare(args) -> dict:
 
 
 def cmd_retrieval_ab(args) -> dict:
-    from latency_bench import retrieval_ab
+    from latency_bench.load import retrieval_ab
 
     return asyncio.run(retrieval_ab.run(_scenario(args), args.rounds, args.out))
 
 
 def cmd_quality(args) -> dict:
-    from latency_bench import quality
+    from latency_bench.quality import quality
 
     results = asyncio.run(quality.measure(args.url, args.agent, spoken=args.spoken, runs=args.runs,
                                           config=args.config or quality.DEFAULT_CONFIG))
@@ -147,11 +148,11 @@ def cmd_quality(args) -> dict:
 
 
 def cmd_pauses(args) -> dict:
-    from latency_bench import pauses
+    from latency_bench.quality import pauses
 
     with contextlib.ExitStack() as stack:
         url = _started_server(stack, args, 1)
-        asyncio.run(bench.wait_until_ready(url))
+        asyncio.run(runner.wait_until_ready(url))
         runs = [asyncio.run(pauses.one_run(url, args.pause_s, agent=args.agent)) for _ in range(args.runs)]
     results = {"pause_s": args.pause_s, "runs": runs, "summary": pauses.summary(runs)}
     args.out.mkdir(parents=True, exist_ok=True)
@@ -160,7 +161,7 @@ def cmd_pauses(args) -> dict:
 
 
 def cmd_transports(args) -> dict:
-    from latency_bench import transports
+    from latency_bench.load import transports
 
     ways = tuple(w for w in args.ways.split(",") if w)
     unknown = set(ways) - set(transports.WAYS)
@@ -175,9 +176,9 @@ def cmd_transports(args) -> dict:
 
 
 def cmd_chaos(args) -> dict:
-    from latency_bench import chaos
+    from latency_bench.chaos import suite
 
-    verdicts = chaos.run(args.scenarios, args.out, config=args.config or servers.DEFAULT_CONFIG,
+    verdicts = suite.run(args.scenarios, args.out, config=args.config or servers.DEFAULT_CONFIG,
                          soak_minutes=args.minutes, soak_callers=args.soak_callers,
                          lossy_minutes=args.lossy_minutes, llm_replicas=args.llm_replicas,
                          sdp_offers=args.sdp_offers)
@@ -185,7 +186,7 @@ def cmd_chaos(args) -> dict:
                               "passed": v.passed, "figures": v.figures} for v in verdicts]}
     args.out.mkdir(parents=True, exist_ok=True)
     (args.out / "chaos.json").write_text(json.dumps(results, indent=2))
-    print(chaos.table(verdicts), file=sys.stderr)
+    print(suite.table(verdicts), file=sys.stderr)
     return {"passed": sum(v.passed for v in verdicts), "failed": sum(not v.passed for v in verdicts),
             "results": str(args.out / "chaos.json")}
 
@@ -254,7 +255,7 @@ def main(argv: list[str] | None = None) -> int:
     ch_p = sub.add_parser("chaos", help="what the server survives: slow clients, admission, drain (a table)")
     ch_p.add_argument("scenarios", nargs="+", metavar="SCENARIO",
                       help="slow-clients, handshake, admission, oversize, vanishing, malformed, bad-audio, endless, sdp, "
-                           "poison, access, model-failures, soak, lossy, blackhole, drain (see latency_bench/chaos.py)")
+                           "poison, access, model-failures, soak, lossy, blackhole, drain (see latency_bench/chaos/suite.py)")
     ch_p.add_argument("--out", type=Path, required=True, help="folder for chaos.json and the servers' logs")
     ch_p.add_argument("--config", type=Path, help="config of the servers the bench starts "
                                                 "(default: configs/default.yaml)")

@@ -6,8 +6,8 @@ from datetime import datetime
 
 import pytest
 
-from latency_bench.chaos_model_failures import _known_at, judge, stalls_logged
-from latency_bench.listen import TurnRecord
+from latency_bench.callers.listen import TurnRecord
+from latency_bench.chaos.model_failures import _known_at, judge, stalls_logged
 
 
 def figures(*cases: dict, baseline_p95_ms: float = 3000.0, baseline_turns: int = 6) -> dict:
@@ -92,7 +92,7 @@ def test_a_stopped_asr_is_known_when_the_server_gave_up_on_the_transcript_begun_
 
 
 def test_of_several_replicas_the_fault_goes_to_the_one_serving_the_turn_and_waits_while_that_is_unclear():
-    from latency_bench.chaos_model_failures import Worker, serving_replica
+    from latency_bench.chaos.model_failures import Worker, serving_replica
 
     workers = {"asr": Worker("asr", 10, "http://127.0.0.1:1"), "llm-0": Worker("llm-0", 11, "http://127.0.0.1:2"),
                "llm-1": Worker("llm-1", 12, "http://127.0.0.1:3")}

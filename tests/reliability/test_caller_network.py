@@ -16,7 +16,7 @@ from pathlib import Path
 
 import pytest
 
-from latency_bench import chaos_network, netns
+from latency_bench.chaos import network as chaos_network, netns
 from pipelines.voice import Engines
 from tests.conftest import running_server
 from tests.fakes import HashingEmbedder, ScriptedASR, ScriptedLLM, ToneTTS

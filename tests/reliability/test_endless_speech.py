@@ -17,9 +17,9 @@ import numpy as np
 import pytest
 import websockets
 
-from latency_bench.audio import mulaw_encode, resample
-from latency_bench.chaos import judge_endless
-from latency_bench.chaos_endless import monologue
+from latency_bench.callers.audio import mulaw_encode, resample
+from latency_bench.chaos.endless import monologue
+from latency_bench.chaos.suite import judge_endless
 from pipelines.voice import Engines
 from tests.conftest import running_server
 from tests.fakes import HashingEmbedder, ScriptedASR, ScriptedLLM, ToneTTS

@@ -147,7 +147,7 @@ def stock_pipecat(out: Path, *, turn_stop: str = "smart-turn", stop_secs: float 
                 "-c", str(cadence_config.llm.context_tokens), "--threads", str(cadence_config.llm.threads),
                 "--parallel", "1", "--alias", "smollm2", "--no-webui"]
     with child(llm_argv, out / "stock-llm.log", f"http://127.0.0.1:{llm_port}/v1/models"):
-        with child([sys.executable, "-m", "latency_bench.load.stock_pipecat", "--port", str(port),
+        with child([sys.executable, "-m", "latency_bench", "stock-pipecat", "--port", str(port),
                     "--llm-url", f"http://127.0.0.1:{llm_port}/v1", "--turn-stop", turn_stop,
                     "--stop-secs", str(stop_secs)], out / "stock-pipecat.log", f"http://127.0.0.1:{port}/readyz"):
             yield f"http://127.0.0.1:{port}"

@@ -1,6 +1,6 @@
 """A WebRTC caller run inside a caller network (latency_bench/chaos/netns.py), as a process of its own:
 
-    ip netns exec NS python -m latency_bench.callers.netns_caller --offer-url URL [--pause-s 1.5] [--turns 200]
+    ip netns exec NS python -m latency_bench netns-caller --offer-url URL [--pause-s 1.5] [--turns 200]
 
 It asks QUESTIONS in turn, a pause before each, until it has asked `--turns` or a line `stop`
 arrives on stdin (asked before each turn), and writes one JSON object per line to stdout:
@@ -70,7 +70,7 @@ def _watch_stdin(loop: asyncio.AbstractEventLoop, stop: asyncio.Event) -> None:
     loop.call_soon_threadsafe(stop.set)  # `stop`, or EOF: the parent is gone
 
 
-async def main(args: argparse.Namespace) -> None:
+async def call(args: argparse.Namespace) -> None:
     stop = asyncio.Event()
     threading.Thread(target=_watch_stdin, args=(asyncio.get_running_loop(), stop), daemon=True).start()
     silences = SilenceLog()
@@ -86,10 +86,11 @@ async def main(args: argparse.Namespace) -> None:
     emit("done", frames_sent=mic.frames_sent, silences=silences.spans, error=error)
 
 
-if __name__ == "__main__":
-    parser = argparse.ArgumentParser()
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(prog="python -m latency_bench netns-caller")
     parser.add_argument("--offer-url", required=True)
     parser.add_argument("--turns", type=int, default=200)
     parser.add_argument("--pause-s", type=float, default=1.5)
     parser.add_argument("--reply-timeout-s", type=float, default=15.0)
-    asyncio.run(main(parser.parse_args()))
+    asyncio.run(call(parser.parse_args(argv)))
+    return 0

@@ -14,7 +14,7 @@ sampled every SAMPLE_EVERY_S through the call. What the session holds is the med
 samples over the figure before the call (`rss_held_mb`), and what is left once it ended; the
 highest sample (`rss_growth_mb`) is reported beside them. The peaks are Whisper's workspace
 while it encodes a full 30 s window at a cut (+117 MB for a 30 s window in a fresh process:
-`python -m latency_bench.components.asr_workspace`): the engine's, one window at a time whichever call it
+`python -m latency_bench asr-workspace`): the engine's, one window at a time whichever call it
 serves, and on a deployment with an ASR worker, in that worker's process, not the server's.
 """
 

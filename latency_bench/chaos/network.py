@@ -54,7 +54,7 @@ class CallerProcess:
     @classmethod
     async def start(cls, network: CallerNetwork, base_url: str, *, log: Path, pause_s: float = 1.5,
                     reply_timeout_s: float = 15.0) -> CallerProcess:
-        argv = network.command([sys.executable, "-m", "latency_bench.callers.netns_caller", "--offer-url",
+        argv = network.command([sys.executable, "-m", "latency_bench", "netns-caller", "--offer-url",
                                 f"{base_url}/api/offer", "--pause-s", str(pause_s),
                                 "--reply-timeout-s", str(reply_timeout_s)])
         log.parent.mkdir(parents=True, exist_ok=True)

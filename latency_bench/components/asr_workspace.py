@@ -1,6 +1,6 @@
 """What one transcription costs the process in memory, by the length of the window Whisper encodes.
 
-    python -m latency_bench.components.asr_workspace [--seconds 5 15 30] [--config configs/default.yaml]
+    python -m latency_bench asr-workspace [--seconds 5 15 30] [--config configs/default.yaml]
 
 Each length runs in a fresh process: the config's Whisper loaded and warmed up, then one
 transcription of the endless caller's monologue (latency_bench/chaos/endless.py) cut to that
@@ -17,7 +17,6 @@ from __future__ import annotations
 import argparse
 import asyncio
 import json
-import sys
 from pathlib import Path
 
 from agent.config import load_config
@@ -47,7 +46,7 @@ def measure_one(seconds: float, config: Path) -> dict:
 
 
 def main(argv: list[str] | None = None) -> int:
-    parser = argparse.ArgumentParser(prog="python -m latency_bench.components.asr_workspace", description=__doc__.split("\n")[0])
+    parser = argparse.ArgumentParser(prog="python -m latency_bench asr-workspace", description=__doc__.split("\n")[0])
     parser.add_argument("--seconds", type=float, nargs="+", default=[5.0, 15.0, 30.0])
     parser.add_argument("--config", type=Path, default=DEFAULT_CONFIG)
     parser.add_argument("--one", action="store_true", help=argparse.SUPPRESS)  # the child: one length, JSON out
@@ -57,11 +56,7 @@ def main(argv: list[str] | None = None) -> int:
         return 0
     print("| window | RSS before | peak | workspace | kept after | words |\n|---|---|---|---|---|---|")
     for seconds in args.seconds:
-        row = run_fresh("latency_bench.components.asr_workspace", "--seconds", str(seconds), "--config", str(args.config))
+        row = run_fresh("asr-workspace", "--seconds", str(seconds), "--config", str(args.config))
         print(f"| {row['window_s']:g} s | {row['rss_before_mb']} MB | {row['peak_mb']} MB | +{row['workspace_mb']} MB "
               f"| +{row['kept_mb']} MB | {row['words']} |")
     return 0
-
-
-if __name__ == "__main__":
-    sys.exit(main())

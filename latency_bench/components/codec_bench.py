@@ -1,4 +1,5 @@
-"""`cadence bench tts-codec`: our streaming SNAC decode against the public sliding-window one.
+"""`python -m latency_bench tts-codec` (or `cadence bench tts-codec`): our streaming SNAC decode
+against the public sliding-window one.
 
 Both decode the same random code stream with the same decoder (random weights of the
 real SNAC 24 kHz architecture: compute and exactness do not depend on the weights).
@@ -11,7 +12,9 @@ convolution state (`snac_stream`), with a one-frame head start when tokens come 
 
 from __future__ import annotations
 
+import argparse
 import asyncio
+import json
 import time
 from collections.abc import Callable
 
@@ -216,3 +219,24 @@ def run(*, frames: int = 48, seed: int = 0, max_streams: int = 32, quick: bool =
         "device": device,
         "compiled": compile,
     }
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(prog="python -m latency_bench tts-codec", description=__doc__.split("\n\n")[0])
+    parser.add_argument("--json", action="store_true", help="print one JSON object")
+    parser.add_argument("--quick", action="store_true", help="fewer batch sizes and shorter streams")
+    parser.add_argument("--device", default="cpu", help="cpu, or cuda on GPU hosts")
+    parser.add_argument("--max-streams", type=int, default=32, help="stop the real-time stream search here")
+    parser.add_argument("--batches", default="1,2,4,8,16", help="batch sizes whose throughput is measured")
+    parser.add_argument("--compile", action="store_true", help="torch.compile the decoder (each shape compiles once)")
+    parser.add_argument("--trials", type=int, default=3, help="runs per stream count in the real-time search (median)")
+    args = parser.parse_args(argv)
+    batches = tuple(int(b) for b in args.batches.split(","))
+    result = run(quick=args.quick, device=args.device, max_streams=args.max_streams, batches=batches,
+                 compile=args.compile, trials=args.trials)
+    if args.json:
+        print(json.dumps(result))
+    else:
+        for key, value in result.items():
+            print(f"{key:45s} {value}")
+    return 0

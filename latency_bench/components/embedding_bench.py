@@ -1,6 +1,6 @@
 """The knowledge embedder on both runtimes: query latency, ingestion throughput, recall.
 
-    python -m latency_bench.components.embedding_bench [--json] [--repeats 3] [--threads 0] [--engines onnx ...]
+    python -m latency_bench embedding-bench [--json] [--repeats 3] [--threads 0] [--engines onnx ...]
 
 Per runtime (models/embedding.py), loaded once, then measured `repeats` times; the
 headline is the median of the repeats:
@@ -24,7 +24,6 @@ import json
 import os
 import random
 import statistics
-import sys
 import time
 
 import numpy as np
@@ -196,7 +195,7 @@ def _table(results: dict) -> str:
 
 
 def main(argv: list[str] | None = None) -> int:
-    parser = argparse.ArgumentParser(prog="python -m latency_bench.components.embedding_bench", description=__doc__.split("\n")[0])
+    parser = argparse.ArgumentParser(prog="python -m latency_bench embedding-bench", description=__doc__.split("\n")[0])
     parser.add_argument("--json", action="store_true", help="print the full results as JSON")
     parser.add_argument("--repeats", type=int, default=3, help="measurement rounds; figures are their median")
     parser.add_argument("--threads", type=int, default=0, help="intra-op threads; 0: the runtime's default")
@@ -206,7 +205,3 @@ def main(argv: list[str] | None = None) -> int:
     results = run(tuple(args.engines), repeats=args.repeats, threads=args.threads, query_runs=args.query_runs)
     print(json.dumps(results, indent=2) if args.json else _table(results))
     return 0
-
-
-if __name__ == "__main__":
-    sys.exit(main())

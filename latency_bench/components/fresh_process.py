@@ -1,7 +1,7 @@
 """Measures that need a process of their own, so the memory they read is theirs alone.
 
-A bench module measures one case in `measure_one` and, run with `--one ...`, prints it as one
-line of JSON; `run_fresh` runs it so and reads that line back.
+A bench module measures one case in `measure_one` and, run as its subcommand with `--one ...`,
+prints it as one line of JSON; `run_fresh` runs it so and reads that line back.
 """
 
 from __future__ import annotations
@@ -19,7 +19,8 @@ def status_mb(key: str) -> float:
     return int(re.search(rf"^{key}:\s+(\d+) kB", text, re.MULTILINE).group(1)) / 1024
 
 
-def run_fresh(module: str, *args: str) -> dict:
-    """`python -m module --one ARGS...` in a new process: the JSON of its last line of output."""
-    child = subprocess.run([sys.executable, "-m", module, "--one", *args], capture_output=True, text=True, check=True)
+def run_fresh(subcommand: str, *args: str) -> dict:
+    """`python -m latency_bench SUBCOMMAND --one ARGS...` in a new process: the JSON of its last line of output."""
+    child = subprocess.run([sys.executable, "-m", "latency_bench", subcommand, "--one", *args], capture_output=True,
+                           text=True, check=True)
     return json.loads(child.stdout.strip().splitlines()[-1])

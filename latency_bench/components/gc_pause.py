@@ -1,7 +1,7 @@
 """How long a full collection of Python's cyclic garbage collector stalls a loaded server,
 before and after the startup objects are frozen (agent/gc_pauses.py).
 
-    python -m latency_bench.components.gc_pause [--config configs/default.yaml] [--repeats 5]
+    python -m latency_bench gc-pause [--config configs/default.yaml] [--repeats 5]
 
 In a fresh process: the server's modules imported, the config's engines built with every model
 in this process (the LLM too, where the deployment would run it as a worker: more objects, not
@@ -17,7 +17,6 @@ import argparse
 import gc
 import json
 import statistics
-import sys
 import time
 from pathlib import Path
 
@@ -53,7 +52,7 @@ def measure_one(config_path: Path, repeats: int) -> dict:
 
 
 def main(argv: list[str] | None = None) -> int:
-    parser = argparse.ArgumentParser(prog="python -m latency_bench.components.gc_pause", description=__doc__.split("\n")[0])
+    parser = argparse.ArgumentParser(prog="python -m latency_bench gc-pause", description=__doc__.split("\n")[0])
     parser.add_argument("--config", type=Path, default=DEFAULT_CONFIG)
     parser.add_argument("--repeats", type=int, default=5)
     parser.add_argument("--one", action="store_true", help=argparse.SUPPRESS)  # the child: JSON out
@@ -61,14 +60,10 @@ def main(argv: list[str] | None = None) -> int:
     if args.one:
         print(json.dumps(measure_one(args.config, args.repeats)))
         return 0
-    row = run_fresh("latency_bench.components.gc_pause", "--config", str(args.config), "--repeats", str(args.repeats))
+    row = run_fresh("gc-pause", "--config", str(args.config), "--repeats", str(args.repeats))
     print(f"objects tracked once loaded: {row['tracked_objects']} ({row['frozen_objects']} frozen)\n"
           "| full collection | median | longest | each |\n|---|---|---|---|")
     for label, key in (("before the freeze", "before_ms"), ("after the freeze", "after_ms")):
         timings = row[key]
         print(f"| {label} | {statistics.median(timings):.1f} ms | {max(timings):.1f} ms | {timings} |")
     return 0
-
-
-if __name__ == "__main__":
-    sys.exit(main())

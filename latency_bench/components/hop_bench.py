@@ -1,7 +1,7 @@
 """What a model worker's process hop costs one request: the same requests in-process and
 through a worker on loopback, alternating, on an otherwise idle machine.
 
-    python -m latency_bench.components.hop_bench [--rounds 200] [--json]
+    python -m latency_bench hop-bench [--rounds 200] [--json]
 
 - embedder: one short query (what retrieval sends per turn), in-process ONNX against the
   same model in `workers.serve_worker`; the difference is the hop (HTTP, JSON, base64).
@@ -107,7 +107,7 @@ async def _codec_steps(local: SnacDecodeService, remote: RemoteSnacCodec, rounds
 
 
 def main(argv: list[str] | None = None) -> int:
-    parser = argparse.ArgumentParser(prog="python -m latency_bench.components.hop_bench", description=__doc__.split("\n\n")[0])
+    parser = argparse.ArgumentParser(prog="python -m latency_bench hop-bench", description=__doc__.split("\n\n")[0])
     parser.add_argument("--rounds", type=int, default=200, help="embedder requests and codec steps each way")
     parser.add_argument("--json", action="store_true", help="print one JSON object")
     args = parser.parse_args(argv)
@@ -119,7 +119,3 @@ def main(argv: list[str] | None = None) -> int:
         for what, p in figures.items():
             print(f"{stage:16s} {what:14s} p50 {p['p50']:8.2f} ms   p95 {p['p95']:8.2f} ms   (n={p['n']})")
     return 0
-
-
-if __name__ == "__main__":
-    raise SystemExit(main())

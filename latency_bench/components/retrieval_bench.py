@@ -1,6 +1,6 @@
 """Knowledge retrieval at scale: latency, ingestion throughput, store size, recall.
 
-    python -m latency_bench.components.retrieval_bench [--sizes 1000,10000,100000] [--json] [--repeats 3]
+    python -m latency_bench retrieval-bench [--sizes 1000,10000,100000] [--json] [--repeats 3]
 
 Per size N, one agent's index of N generated clinic/shop chunks (~100 words each) plus a
 second agent's 1,000, and the needle set below, in a temporary SQLite file:
@@ -27,7 +27,6 @@ import json
 import os
 import random
 import statistics
-import sys
 import tempfile
 import time
 from pathlib import Path
@@ -419,7 +418,7 @@ def _table(results: dict) -> str:
 
 
 def main(argv: list[str] | None = None) -> int:
-    parser = argparse.ArgumentParser(prog="python -m latency_bench.components.retrieval_bench", description=__doc__.split("\n")[0])
+    parser = argparse.ArgumentParser(prog="python -m latency_bench retrieval-bench", description=__doc__.split("\n")[0])
     parser.add_argument("--sizes", default="1000,10000,100000", help="comma-separated chunk counts")
     parser.add_argument("--repeats", type=int, default=3, help="latency rounds; p50/p95 are their median")
     parser.add_argument("--real", type=int, default=2000, help="filler chunks embedded for real")
@@ -430,7 +429,3 @@ def main(argv: list[str] | None = None) -> int:
     results = run(sizes, repeats=args.repeats, real=args.real, query_count=args.queries)
     print(json.dumps(results, indent=2) if args.json else _table(results))
     return 0
-
-
-if __name__ == "__main__":
-    sys.exit(main())

@@ -1,6 +1,6 @@
 """Long-file transcription on this machine: RTF with 1..N worker processes, and WER.
 
-    python -m latency_bench.components.transcribe_bench [--minutes 10] [--workers 1,2] [--runs 3]
+    python -m latency_bench transcribe-bench [--minutes 10] [--workers 1,2] [--runs 3]
         [--diarization-minutes 2] [--json]
 
 Builds a recording of `--minutes` of sentences read by espeak-ng with pauses (the reference
@@ -69,7 +69,7 @@ async def measure_diarization(path: Path, recording: recordings.Recording, worke
 
 
 def main(argv: list[str] | None = None) -> int:
-    parser = argparse.ArgumentParser(prog="python -m latency_bench.components.transcribe_bench",
+    parser = argparse.ArgumentParser(prog="python -m latency_bench transcribe-bench",
                                      description=__doc__.split("\n\n")[0])
     parser.add_argument("--minutes", type=float, default=10.0)
     parser.add_argument("--workers", default="1,2", help="comma-separated worker counts")
@@ -102,7 +102,3 @@ def main(argv: list[str] | None = None) -> int:
               f"({diarization['diarization_over_transcription']:.2f}x the transcription's time; "
               f"transcription RTF {diarization['transcription_rtf']:.1f}x)")
     return 0
-
-
-if __name__ == "__main__":
-    raise SystemExit(main())

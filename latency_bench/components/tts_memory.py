@@ -1,7 +1,7 @@
 """What the CPU voice (Piper) keeps in memory after a long sentence, with ONNX Runtime's CPU
 arena on and off, and how soon the long sentence's first audio comes.
 
-    python -m latency_bench.components.tts_memory [--config configs/default.yaml] [--repeats 3] [--max-run-chars N]
+    python -m latency_bench tts-memory [--config configs/default.yaml] [--repeats 3] [--max-run-chars N]
 
 Each mode runs in a fresh process: the config's Piper voice loaded and warmed up as the server
 does it (with the arena, on a run as long as `max_run_chars`), short sentences said until its
@@ -18,7 +18,6 @@ from __future__ import annotations
 import argparse
 import json
 import statistics
-import sys
 import threading
 import time
 from dataclasses import replace
@@ -72,7 +71,7 @@ def measure_one(config: Path, arena: bool, repeats: int, max_run_chars: int | No
 
 
 def main(argv: list[str] | None = None) -> int:
-    parser = argparse.ArgumentParser(prog="python -m latency_bench.components.tts_memory", description=__doc__.split("\n")[0])
+    parser = argparse.ArgumentParser(prog="python -m latency_bench tts-memory", description=__doc__.split("\n")[0])
     parser.add_argument("--config", type=Path, default=DEFAULT_CONFIG)
     parser.add_argument("--repeats", type=int, default=3)
     parser.add_argument("--max-run-chars", type=int, help="tts.max_run_chars for both modes (default: the config's)")
@@ -86,13 +85,9 @@ def main(argv: list[str] | None = None) -> int:
           "| CPU, long sentence | first audio, long sentence |\n|---|---|---|---|---|---|---|---|")
     run_chars = () if args.max_run_chars is None else ("--max-run-chars", str(args.max_run_chars))
     for mode in ("on", "off"):
-        row = run_fresh("latency_bench.components.tts_memory", mode, "--config", str(args.config), "--repeats", str(args.repeats),
+        row = run_fresh("tts-memory", mode, "--config", str(args.config), "--repeats", str(args.repeats),
                         *run_chars)
         print(f"| {mode} | {row['max_run_chars']} chars | {row['rss_mb']} MB | {row['after_long_mb']:+} MB "
               f"| {row['after_short_again_mb']:+} MB | {row['cpu_ms_per_short_sentence']} ms "
               f"| {row['cpu_ms_long_sentence']} ms | {row['first_audio_ms_long_sentence']} ms |")
     return 0
-
-
-if __name__ == "__main__":
-    sys.exit(main())

@@ -1,6 +1,6 @@
 """Where a reply's first audio waits on the WebRTC path, and on the phone path, offline.
 
-    python -m latency_bench.components.webrtc_path [--trials 15] [--json FILE] [--no-loopback] [--gil-load]
+    python -m latency_bench webrtc-path [--trials 15] [--json FILE] [--no-loopback] [--gil-load]
 
 No server and no models: each stage a reply's first audio crosses is rebuilt from the
 objects the server uses (pipecat's stream resampler, SmallWebRTC's `RawAudioTrack`, aiortc's
@@ -824,15 +824,15 @@ async def main_async(args) -> list[Row]:
     return rows
 
 
-def main() -> None:
-    parser = argparse.ArgumentParser(prog="python -m latency_bench.components.webrtc_path", description=__doc__.split("\n")[0])
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(prog="python -m latency_bench webrtc-path", description=__doc__.split("\n")[0])
     parser.add_argument("--trials", type=int, default=15, help="wall-time trials per variant (median is printed)")
     parser.add_argument("--json", help="also write the rows here")
     parser.add_argument("--no-loopback", action="store_true", help="signal-level stages only (no aiortc pair)")
     parser.add_argument("--gil-load", action="store_true",
                         help="also rerun the path with a GIL-busy thread in the process (burns a core for ~30 s)")
     parser.add_argument("--seed", type=int, default=0)
-    args = parser.parse_args()
+    args = parser.parse_args(argv)
     random.seed(args.seed)
     rows = asyncio.run(main_async(args))
     print_table(rows)
@@ -841,7 +841,4 @@ def main() -> None:
             json.dump([{"path": r.path, "stage": r.stage, "unit": r.unit, "values": r.values,
                         "median": statistics.median(r.values) if r.values else None, "notes": r.notes}
                        for r in rows], f, indent=1)
-
-
-if __name__ == "__main__":
-    main()
+    return 0

@@ -17,7 +17,7 @@ speak comparable replies. `--turn-stop vad` swaps smart-turn for a plain VAD sil
 timeout (`--stop-secs`, Cadence's own 0.4 s by default) to compare pipelines with the
 turn-taking policy held equal.
 
-    python -m latency_bench.load.stock_pipecat --port 8100 --llm-url http://127.0.0.1:8101/v1
+    python -m latency_bench stock-pipecat --port 8100 --llm-url http://127.0.0.1:8101/v1
 """
 
 from __future__ import annotations
@@ -167,21 +167,18 @@ def create_app(llm_url: str, *, turn_stop: str, stop_secs: float) -> FastAPI:
     return app
 
 
-def main() -> None:
-    parser = argparse.ArgumentParser(prog="python -m latency_bench.load.stock_pipecat")
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(prog="python -m latency_bench stock-pipecat")
     parser.add_argument("--host", default="127.0.0.1")
     parser.add_argument("--port", type=int, default=8100)
     parser.add_argument("--llm-url", required=True, help="OpenAI-compatible base URL, e.g. http://127.0.0.1:8101/v1")
     parser.add_argument("--turn-stop", choices=["smart-turn", "vad"], default="smart-turn")
     parser.add_argument("--stop-secs", type=float, default=0.4)
-    args = parser.parse_args()
+    args = parser.parse_args(argv)
     from loguru import logger
 
     logger.remove()  # as for Cadence's server: pipecat's DEBUG logging would cost CPU under load
     logger.add(sys.stderr, level="WARNING")
     app = create_app(args.llm_url, turn_stop=args.turn_stop, stop_secs=args.stop_secs)
     uvicorn.run(app, host=args.host, port=args.port, log_level="warning")
-
-
-if __name__ == "__main__":
-    main()
+    return 0

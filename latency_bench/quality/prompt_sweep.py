@@ -1,7 +1,7 @@
 """Choosing the default agent's system prompt and sampling by measurement.
 
-    python -m latency_bench.quality.prompt_sweep --out DIR [--json] [--quick]
-    python -m latency_bench.quality.prompt_sweep --out DIR --rejudge OLD/sweep.json   (new facts, same replies)
+    python -m latency_bench prompt-sweep --out DIR [--json] [--quick]
+    python -m latency_bench prompt-sweep --out DIR --rejudge OLD/sweep.json   (new facts, same replies)
 
 Serves the GGUF the server uses (a llama-server of its own, not Cadence) and asks every question of
 `quality_set.json` under each candidate: a system prompt x temperature, then the best few
@@ -290,7 +290,7 @@ def method(args: argparse.Namespace) -> str:
 
 
 def parse_args(argv: list[str] | None) -> argparse.Namespace:
-    parser = argparse.ArgumentParser(prog="python -m latency_bench.quality.prompt_sweep",
+    parser = argparse.ArgumentParser(prog="python -m latency_bench prompt-sweep",
                                      description=__doc__.split("\n\n")[0])
     parser.add_argument("--out", type=Path, required=True, help="folder for sweep.json")
     parser.add_argument("--json", action="store_true", help="print the ranked summaries as JSON, not a table")
@@ -359,7 +359,3 @@ def _run_sweep(args: argparse.Namespace, started: float) -> list[dict]:
                      temperatures=temperatures, finalists=args.finalists, refine=0 if args.quick else args.refine,
                      passages=f"{args.references}:{args.passages}", repeat_penalty=args.repeat_penalty,
                      seeds=range(args.seed, args.seed + args.seeds), progress=progress)
-
-
-if __name__ == "__main__":
-    sys.exit(main())

@@ -281,7 +281,7 @@ async def in_child_process(base_url: str, *, messages: int, budget: int, seed: i
                            nice: int = FUZZER_NICE) -> tuple[list[Outcome], list[Outcome]]:
     """`fuzz_in_bursts` in a child process at `nice`; its outcomes come back as JSON on its stdout."""
     child = await asyncio.create_subprocess_exec(
-        "nice", "-n", str(nice), sys.executable, "-m", "latency_bench.chaos.inputs.malformed_fuzzer", base_url,
+        "nice", "-n", str(nice), sys.executable, "-m", "latency_bench", "malformed-fuzzer", base_url,
         "--messages", str(messages), "--budget", str(budget), "--seed", str(seed), "--spread-s", str(spread_s),
         stdout=asyncio.subprocess.PIPE)
     try:
@@ -296,8 +296,8 @@ async def in_child_process(base_url: str, *, messages: int, budget: int, seed: i
     return [Outcome(**o) for o in sides["realtime"]], [Outcome(**o) for o in sides["twilio"]]
 
 
-def main(argv: list[str] | None = None) -> None:
-    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(prog="python -m latency_bench malformed-fuzzer", description=__doc__.split("\n\n")[0])
     parser.add_argument("base_url")
     parser.add_argument("--messages", type=int, required=True)
     parser.add_argument("--budget", type=int, required=True)
@@ -307,7 +307,4 @@ def main(argv: list[str] | None = None) -> None:
     realtime, twilio = asyncio.run(fuzz_in_bursts(args.base_url, messages=args.messages, budget=args.budget,
                                                   seed=args.seed, spread_s=args.spread_s))
     json.dump({"realtime": [asdict(o) for o in realtime], "twilio": [asdict(o) for o in twilio]}, sys.stdout)
-
-
-if __name__ == "__main__":
-    main()
+    return 0

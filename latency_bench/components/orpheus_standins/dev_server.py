@@ -6,7 +6,7 @@ It serves the in-process tiny random-weight Llama (models/orpheus/tiny_llama.py)
 runs anywhere and says nothing intelligible: it exists to test the HTTP token source and
 the Orpheus plumbing end to end without a GPU, not to be a voice.
 
-    python -m latency_bench.components.orpheus_standins.dev_server --port 8200
+    python -m latency_bench orpheus-dev-server --port 8200
 """
 
 from __future__ import annotations
@@ -83,13 +83,10 @@ def create_app(model_name: str = "orpheus-tiny-random") -> FastAPI:
     return app
 
 
-def main() -> None:
-    parser = argparse.ArgumentParser(prog="python -m latency_bench.components.orpheus_standins.dev_server")
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(prog="python -m latency_bench orpheus-dev-server")
     parser.add_argument("--host", default="127.0.0.1")
     parser.add_argument("--port", type=int, default=8200)
-    args = parser.parse_args()
+    args = parser.parse_args(argv)
     uvicorn.run(create_app(), host=args.host, port=args.port, log_level="warning")
-
-
-if __name__ == "__main__":
-    main()
+    return 0

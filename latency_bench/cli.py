@@ -206,16 +206,16 @@ def cmd_transports(args) -> dict:
 def cmd_chaos(args) -> dict:
     from latency_bench import servers
     from latency_bench.chaos import suite
+    from latency_bench.chaos.verdict import table
 
     verdicts = suite.run(args.scenarios, args.out, config=args.config or servers.DEFAULT_CONFIG,
                          soak_minutes=args.minutes, soak_callers=args.soak_callers,
                          lossy_minutes=args.lossy_minutes, llm_replicas=args.llm_replicas,
                          sdp_offers=args.sdp_offers)
-    results = {"scenarios": [{"scenario": v.scenario, "pass_figure": v.pass_figure, "measured": v.measured,
-                              "passed": v.passed, "figures": v.figures} for v in verdicts]}
+    results = {"scenarios": [v.to_json() for v in verdicts]}
     args.out.mkdir(parents=True, exist_ok=True)
     (args.out / "chaos.json").write_text(json.dumps(results, indent=2))
-    print(suite.table(verdicts), file=sys.stderr)
+    print(table(verdicts), file=sys.stderr)
     return {"passed": sum(v.passed for v in verdicts), "failed": sum(not v.passed for v in verdicts),
             "results": str(args.out / "chaos.json")}
 

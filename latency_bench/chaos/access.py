@@ -32,6 +32,7 @@ from agent.access import KEY_SUBPROTOCOL_PREFIX
 from latency_bench import servers
 from latency_bench.chaos.inputs.access_routes import (CALL, GUARDS, LOCAL, NOT_SWEPT, WEBSOCKET, filled, guard_of,
                                                       label, routes_from_openapi, unclassified)
+from latency_bench.chaos.verdict import Verdict
 
 KINDS = ("missing", "wrong", "expired", "reused", "alg-none", "client-token", "foreign-origin")
 FOREIGN_ORIGIN = "https://evil.example"
@@ -286,10 +287,7 @@ def _figures(found: set, swept: set, results: list[tuple[Attempt, str]], seen: d
             "log": log}
 
 
-def judge(f: dict):
-    # Imported here: latency_bench.chaos.suite imports this module to run the scenario.
-    from latency_bench.chaos.suite import Verdict
-
+def judge(f: dict) -> Verdict:
     log = f["log"]
     log_clean = log is not None and log["lines"] > 0 and not log["secrets_found"]  # an empty log proves nothing
     passed = (f["attempts"] > 0 and f["refused"] == f["attempts"] and not f["unclassified"]

@@ -7,7 +7,7 @@ admitted, and the server closes each silent socket at limits.handshake_timeout_s
 `burst`: the server's call cap plus `extra` callers, all at once. Exactly the cap is admitted;
 the rest are refused at once (close 1013) rather than queued or left hanging.
 
-Each `run_*` returns the measured figures and judges nothing (latency_bench.chaos.suite does).
+Each `run_*` returns the measured figures; `judge_handshake` and `judge_admission` judge them.
 """
 
 from __future__ import annotations
@@ -19,6 +19,8 @@ import time
 
 import httpx
 import websockets
+
+from latency_bench.chaos.verdict import Verdict
 
 # How long an admitted call is held open while the others are judged.
 ADMITTED_WAIT_S = 1.0
@@ -135,3 +137,21 @@ async def run_burst(base_url: str, *, cap: int, extra: int) -> dict:
             "refusal_codes": sorted({code for _, code in refused if code is not None}),
             "max_refusal_ms": round(refusal_ms[-1], 1) if refusal_ms else None,
             "p50_refusal_ms": round(refusal_ms[len(refusal_ms) // 2], 1) if refusal_ms else None}
+
+
+def judge_handshake(f: dict) -> Verdict:
+    passed = f["still_open"] == 0 and f["close_codes"] == [1008] and (f["max_close_s"] or 99) <= 10 \
+        and f["real_caller_admitted"] and f["real_caller_kept"]
+    return Verdict("handshake", f"{f['silent_sockets']} start-less sockets closed (1008) within 10 s; "
+                                "a real caller admitted meanwhile",
+                   f"{f['closed']} closed ({f['close_codes']}), slowest {f['max_close_s']} s; real caller "
+                   f"{'admitted' if f['real_caller_admitted'] else 'NOT admitted'}", passed, f)
+
+
+def judge_admission(f: dict) -> Verdict:
+    passed = f["admitted"] == f["cap"] and f["refused"] == f["callers"] - f["cap"] and f["refusal_codes"] == [1013] \
+        and (f["max_refusal_ms"] or 1e9) <= 200
+    return Verdict("admission", f"cap {f['cap']} + {f['callers'] - f['cap']} at once: exactly {f['cap']} admitted, "
+                                "the rest refused (1013) within 200 ms",
+                   f"{f['admitted']} admitted, {f['refused']} refused ({f['refusal_codes']}), slowest refusal "
+                   f"{f['max_refusal_ms']} ms", passed, f)

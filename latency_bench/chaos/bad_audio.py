@@ -31,6 +31,7 @@ from latency_bench.chaos.admission import connect_admitted
 from latency_bench.chaos.inputs.bad_audio import (CASES, CLOSED_BAD_INPUT, ERROR_ANSWERED, IDLE_TIMEOUT, PHONE_RATE,
                                                   REALTIME_RATE, REFUSED, BadAudio, Case, Material)
 from latency_bench.chaos.malformed import errors_logged
+from latency_bench.chaos.verdict import Verdict
 from latency_bench.stats import percentile
 
 CLOSE_POLICY, CLOSE_TRY_LATER = 1008, 1013
@@ -372,10 +373,7 @@ def shortfalls(f: dict, *, idle_timeout_s: float) -> list[str]:
     return short
 
 
-def judge(figures: dict):
-    # Imported here: latency_bench.chaos.suite imports this module to run the scenario.
-    from latency_bench.chaos.suite import Verdict
-
+def judge(figures: dict) -> Verdict:
     cases = figures["cases"]
     short = {f["case"]: s for f in cases if (s := shortfalls(f, idle_timeout_s=figures["idle_timeout_s"]))}
     outcomes = {o: sum(f["outcome"] == o for f in cases) for o in ("handled", "closed", "crashed")}

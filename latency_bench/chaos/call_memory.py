@@ -21,6 +21,7 @@ from latency_bench.callers.conversation import PlannedTurn
 from latency_bench.callers.speech import available_voices, speak_as
 from latency_bench.chaos.admission import calls_active, ws_url
 from latency_bench.chaos.server_figures import process_figures, settle
+from latency_bench.chaos.verdict import Verdict
 
 QUESTION = "What time do you open on Saturday?"
 HOLD_S = 30.0  # each caller's silence after its first reply: every call is live and past its first turn
@@ -63,12 +64,12 @@ async def run(base_url: str, *, calls: int, hold_s: float = HOLD_S) -> dict:
             "after_rss_mb": round(after["rss_mb"], 1), "errors": [e for e in errors if e]}
 
 
-def judge(f: dict) -> dict:
+def judge(f: dict) -> Verdict:
     passed = f["live_when_measured"] == f["calls"] and not f["errors"] and f["mb_per_call"] <= MAX_MB_PER_CALL
-    return {"scenario": "call-memory",
-            "pass_figure": f"{f['calls']} live calls, each past its first reply: the server's memory per live call "
-                           f"{MAX_MB_PER_CALL:g} MB at most (over a warmed, idle server)",
-            "measured": f"{f['mb_per_call']:+.1f} MB per call ({f['live_when_measured']} live: "
-                        f"{f['idle_rss_mb']:.0f} MB idle -> {statistics.median(f['held_rss_mb']):.0f} MB; "
-                        f"{f['after_rss_mb']:.0f} MB once they ended); {len(f['errors'])} calls with errors",
-            "passed": passed, "figures": f}
+    return Verdict(scenario="call-memory",
+                   pass_figure=f"{f['calls']} live calls, each past its first reply: the server's memory per live call "
+                               f"{MAX_MB_PER_CALL:g} MB at most (over a warmed, idle server)",
+                   measured=f"{f['mb_per_call']:+.1f} MB per call ({f['live_when_measured']} live: "
+                            f"{f['idle_rss_mb']:.0f} MB idle -> {statistics.median(f['held_rss_mb']):.0f} MB; "
+                            f"{f['after_rss_mb']:.0f} MB once they ended); {len(f['errors'])} calls with errors",
+                   passed=passed, figures=f)

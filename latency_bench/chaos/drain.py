@@ -4,7 +4,7 @@ Starts its own server (`cadence serve`, real models) admitting `calls` calls, wi
 server.shutdown_grace_seconds = `grace_s`; opens `calls` phone calls; sends SIGTERM; then
 measures how soon /readyz says 503, whether a new call is refused and the live ones keep
 going, and, after the callers hang up `hold_s` later, the exit status and what the store
-holds. `run` returns the figures; latency_bench.chaos.suite judges them.
+holds. `run` returns the figures; `judge` judges them.
 """
 
 from __future__ import annotations
@@ -23,6 +23,7 @@ import websockets
 
 from latency_bench import servers
 from latency_bench.chaos.admission import calls_active, hang_up, phone_caller
+from latency_bench.chaos.verdict import Verdict
 
 READY_TIMEOUT_S = 300.0
 
@@ -105,3 +106,15 @@ async def _exit_status(process: subprocess.Popen, *, timeout_s: float) -> int | 
     while process.poll() is None and time.monotonic() < deadline:
         await asyncio.sleep(0.05)
     return process.poll()
+
+
+def judge(f: dict) -> Verdict:
+    passed = (f["readyz_503_after_s"] is not None and f["readyz_503_after_s"] <= 1.0
+              and f["new_call_close_code"] == 1013 and f["live_calls_kept_through_hold"]
+              and f["exit_status"] == 0 and f["stored_calls"] == f["calls"] and f["stored_without_end"] == 0)
+    return Verdict("drain", f"SIGTERM, {f['calls']} live calls: /readyz 503 within 1 s, new calls refused, live "
+                            "calls kept, exit 0, every call stored as ended",
+                   f"503 after {f['readyz_503_after_s']} s, new call closed {f['new_call_close_code']}, live calls "
+                   f"{'kept' if f['live_calls_kept_through_hold'] else 'CUT'}, exit {f['exit_status']} after "
+                   f"{f['stopped_after_s']} s, {f['stored_without_end']} of {f['stored_calls']} stored unended "
+                   f"({', '.join(f['end_reasons'])})", passed, f)

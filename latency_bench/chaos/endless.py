@@ -5,7 +5,7 @@ pace, with no pause long enough to end a turn. The server must cut the turn into
 Whisper can take (limits.max_user_turn_seconds, 30 s) and transcribe each, so the stored turn
 holds the caller's words from the whole monologue, not only its last 30 s; its memory must stay
 bounded (sampled from /metrics while the caller talks), and the reply must still come: the
-LLM's prompt fits its context however long the turn. `run` returns the figures; chaos.py judges.
+LLM's prompt fits its context however long the turn. `run` returns the figures; `judge` judges them.
 
 The session's memory is measured on a server that has already served one long turn (a
 `warmup_s` monologue, cut once): what a fresh server takes for its first long turn it keeps for
@@ -31,6 +31,7 @@ from latency_bench.callers.conversation import PlannedTurn
 from latency_bench.callers.speech import available_voices, speak_as
 from latency_bench.chaos.admission import ws_url
 from latency_bench.chaos.server_figures import metric_samples, process_figures, settle
+from latency_bench.chaos.verdict import Verdict
 
 # No sentence ends: a full stop is a pause in espeak-ng, and a pause could end the turn.
 MONOLOGUE = (
@@ -44,6 +45,7 @@ MONOLOGUE = (
 )
 WORD_GAP_S = 0.06  # between the looped passes: a breath, far shorter than any turn-ending pause
 SAMPLE_EVERY_S = 10.0
+TURN_LIMIT_S = 30.0  # limits.max_user_turn_seconds of configs/default.yaml: a turn is cut this long
 
 
 def monologue(seconds: float) -> tuple[np.ndarray, int, int]:
@@ -122,3 +124,22 @@ async def run(base_url: str, *, minutes: float, warmup_s: float = 40.0) -> dict:
             "rss_after_call_mb": round(after["rss_mb"], 1),
             "rss_mb_series": samples,
             "close_code": result.close_code, "error": result.error}
+
+
+def judge(f: dict) -> Verdict:
+    expected_cuts = int(f["speech_seconds"] // TURN_LIMIT_S)
+    coverage = f["words_transcribed"] / f["words_spoken"] if f["words_spoken"] else 0.0
+    kept = f["rss_after_call_mb"] - f["rss_before_mb"]
+    passed = (f["cuts"] >= expected_cuts and f["cuts_within_30s"] == f["cuts"] and coverage >= 0.8
+              and f["rss_held_mb"] <= 64 and f["reply_heard"] and f["error"] is None)
+    return Verdict("endless", f"{f['minutes']:g} minutes of talk without a pause: cut and transcribed every "
+                              f"{TURN_LIMIT_S:g} s at most (>= 80 % of the words in the stored turn), the session "
+                              "holding +64 MB at most (the median sample through the call), the reply still heard",
+                   f"{f['cuts']:.0f} cuts ({f['cuts_within_30s']:.0f} within {TURN_LIMIT_S:g} s) in "
+                   f"{f['speech_seconds']:g} s; {f['words_transcribed']} of {f['words_spoken']} words in the stored "
+                   f"turn ({coverage:.0%}); memory {f['rss_held_mb']:+.1f} MB held through the call, {kept:+.1f} MB "
+                   f"once it ended, {f['rss_growth_mb']:+.1f} MB at the highest sample (Whisper's workspace at a "
+                   f"30 s cut: latency_bench.components.asr_workspace); the server {f['rss_before_mb'] - f['rss_fresh_mb']:+.1f}"
+                   f" MB since fresh, after a {f['warmup_s']:g} s warm-up turn; reply "
+                   f"{'heard, TTFS %.0f ms' % f['ttfs_ms'] if f['reply_heard'] and f['ttfs_ms'] else 'NOT heard'}",
+                   passed, f)

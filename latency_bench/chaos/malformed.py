@@ -11,7 +11,7 @@ What the server owes each fault (latency_bench.chaos.inputs.malformed_messages m
                   protocol error, 1007 for a text frame that is not UTF-8.
 
 The faults are sent by latency_bench.chaos.inputs.malformed_fuzzer, in a low-priority process of its own.
-`run` returns the figures; chaos.py judges.
+`run` returns the figures; `judge` judges them.
 """
 
 from __future__ import annotations
@@ -29,6 +29,7 @@ from latency_bench.chaos.admission import ws_url
 from latency_bench.chaos.inputs.malformed_fuzzer import (CLOSE_NOT_UTF8, CLOSE_POLICY, CLOSE_PROTOCOL_ERROR,
                                                          FUZZ_BURSTS, Outcome, in_child_process)
 from latency_bench.chaos.server_figures import LOOP_STALL_S, full_collections, loop_probes_later_than
+from latency_bench.chaos.verdict import Verdict
 from latency_bench.stats import percentile
 
 # Kinds where a lenient reading may still be a valid event (a bool read as an int, a null for an
@@ -120,3 +121,29 @@ async def run(base_url: str, *, messages: int, budget: int, turns: int, seed: in
             "server_full_gc": {"collections": int(collections), "over_50ms": int(slow_collections)},
             "clean_call": {"turns": turns, "baseline_ttfs_ms": baseline, "alongside_ttfs_ms": alongside,
                            "baseline_p95": percentile(baseline, 95), "alongside_p95": percentile(alongside, 95)}}
+
+
+def judge(f: dict) -> Verdict:
+    sides = (f["realtime"], f["twilio"])
+    wrong = sum(len(side["wrong_answers"]) for side in sides)
+    slowest = max((side["answer_ms"]["max"] or 0) for side in sides)
+    answers: dict[str, int] = {}
+    for side in sides:
+        for key, count in side["by_answer"].items():
+            answer = key.rsplit("/", 1)[1]
+            answers[answer] = answers.get(answer, 0) + count
+    base, along = f["clean_call"]["baseline_p95"], f["clean_call"]["alongside_p95"]
+    ttfs_change = (along / base - 1) * 100 if base and along else None
+    passed = (f["server_healthy_after"] and not f["errors_logged"] and wrong == 0 and slowest <= 100
+              and ttfs_change is not None and ttfs_change <= 10)
+    codes = sorted({*f["realtime"]["codes_seen"], *f["twilio"]["codes_seen"]})
+    return Verdict("malformed", f"{f['messages']} malformed messages on /ws/twilio and /v1/realtime: 0 crashes, "
+                                "each answered (error event, or close 1002/1007/1008) within 100 ms; a clean call "
+                                "alongside keeps its TTFS p95 within 10 %",
+                   f"{sum(answers.values())} faults: {answers.get('error_event', 0)} error events, "
+                   f"{answers.get('closed', 0)} closes {codes}, {answers.get('dropped', 0)} dropped within the "
+                   f"budget, {answers.get('accepted', 0)} read as valid (lenient types); {wrong} unanswered or "
+                   f"wrong; slowest answer {slowest} ms (server loop stalls over 100 ms meanwhile: "
+                   f"{f.get('server_loop_stalls_over_100ms', '?')}); {len(f['errors_logged'])} errors logged; clean call TTFS "
+                   f"p95 {base or 0:.0f} -> {along or 0:.0f} ms"
+                   + (f" ({ttfs_change:+.0f} %)" if ttfs_change is not None else ""), passed, f)

@@ -45,6 +45,7 @@ from latency_bench.callers.listen import TurnRecord
 from latency_bench.callers.speech import available_voices, speak_as
 from latency_bench.chaos.admission import ws_url
 from latency_bench.chaos.server_figures import metric_by_labels, poll_until
+from latency_bench.chaos.verdict import Verdict
 from latency_bench.stats import is_apology, percentile
 
 CPU_WORKERS = "configs/deployments/cpu-workers.yaml"
@@ -344,7 +345,7 @@ def _stored_reply(stored: list[dict], turn: TurnRecord) -> str:
     return nearest.get("reply_text") or ""
 
 
-def judge(f: dict) -> dict:
+def judge(f: dict) -> Verdict:
     cases = f["faults"]
     clean = f["clean_caller"]
     base, during = clean["baseline_p95_ms"], clean["during_p95_ms"]
@@ -364,16 +365,16 @@ def judge(f: dict) -> dict:
     per_case = "; ".join(f"{c['fault']}: {'heard %+d ms' % c['answer_after_known_ms'] if c['answered'] else 'NOT heard'}"
                          f" ({'apology' if c['apology'] else 'reply, TTFS %.0f ms' % (c['ttfs_ms'] or 0)}), "
                          f"back {c['back_after_s']} s" for c in cases)
-    return {"scenario": "model-failures",
-            "pass_figure": f"ASR, LLM and TTS workers killed or stopped mid-turn: the caller hears an apology (or "
-                           f"the CPU voice) within {ANSWER_WITHIN_S:g} s of the failure being known, or a real reply "
-                           "no later than the other caller's healthy TTFS p95, the next turn "
-                           f"is answered, the worker is back within {BACK_WITHIN_S:g} s, the other caller's TTFS "
-                           "p95 rises 20 % at most",
-            "measured": f"{per_case}; next turn answered {len(cases) - len(broken)} of {len(cases)}; other caller "
-                        f"p95 {base or 0:.0f} -> {during or 0:.0f} ms"
-                        + (f" ({change:+.0f} %)" if change is not None else "")
-                        + f", {clean['during_unanswered']} of its turns unanswered during faults"
-                        + (f"; its healthy baseline only {clean['baseline_turns']} turns (at least "
-                           f"{MIN_BASELINE_TURNS} to judge)" if short_baseline else ""),
-            "passed": passed, "figures": f}
+    return Verdict(scenario="model-failures",
+                   pass_figure=f"ASR, LLM and TTS workers killed or stopped mid-turn: the caller hears an apology "
+                               f"(or the CPU voice) within {ANSWER_WITHIN_S:g} s of the failure being known, or a real "
+                               "reply no later than the other caller's healthy TTFS p95, the next turn "
+                               f"is answered, the worker is back within {BACK_WITHIN_S:g} s, the other caller's TTFS "
+                               "p95 rises 20 % at most",
+                   measured=f"{per_case}; next turn answered {len(cases) - len(broken)} of {len(cases)}; other caller "
+                            f"p95 {base or 0:.0f} -> {during or 0:.0f} ms"
+                            + (f" ({change:+.0f} %)" if change is not None else "")
+                            + f", {clean['during_unanswered']} of its turns unanswered during faults"
+                            + (f"; its healthy baseline only {clean['baseline_turns']} turns (at least "
+                               f"{MIN_BASELINE_TURNS} to judge)" if short_baseline else ""),
+                   passed=passed, figures=f)

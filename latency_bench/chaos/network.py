@@ -28,6 +28,7 @@ import httpx
 
 from latency_bench.chaos.netns import CallerNetwork, LinkProfile
 from latency_bench.chaos.server_figures import metric_value, poll_until
+from latency_bench.chaos.verdict import Verdict
 from latency_bench.stats import percentile
 
 REPO = Path(__file__).resolve().parents[2]
@@ -165,7 +166,7 @@ async def run_lossy(network: CallerNetwork, base_url: str, *, seconds: float, ou
     return {"seconds": seconds, "profiles": results}
 
 
-def judge_lossy(f: dict) -> dict:
+def judge_lossy(f: dict) -> Verdict:
     rows, passed = [], True
     for p in f["profiles"]:
         needed = MIN_AUDIO_REACHED.get(p["loss"], 1.0 - 2 * p["loss"])
@@ -174,10 +175,11 @@ def judge_lossy(f: dict) -> dict:
         passed &= ok
         rows.append(f"{p['loss']:.0%}: {p['audio_reached']:.1%} of the audio reached the ASR (>= {needed:.0%}), "
                     f"{p['answered']}/{p['turns']} turns answered, TTFS p50 {p['ttfs_ms']['p50'] or 0:.0f} ms")
-    return {"scenario": "lossy", "passed": passed, "figures": f,
-            "pass_figure": f"a WebRTC call held {f['seconds'] / 60:g} min at 1/5/10 % loss and 256 kbit/s: >= "
-                           "95/90/80 % of the caller's audio reaches the ASR, every reply heard",
-            "measured": "; ".join(rows)}
+    return Verdict(scenario="lossy",
+                   pass_figure=f"a WebRTC call held {f['seconds'] / 60:g} min at 1/5/10 % loss and 256 kbit/s: >= "
+                               "95/90/80 % of the caller's audio reaches the ASR, every reply heard",
+                   measured="; ".join(rows),
+                   passed=passed, figures=f)
 
 
 async def _turn_after(caller: CallerProcess, since: float, timeout_s: float) -> dict | None:
@@ -247,7 +249,7 @@ async def run_blackhole(network: CallerNetwork, base_url: str, *, outage_s: floa
     return {"short": short, "lasting": lost}
 
 
-def judge_blackhole(f: dict) -> dict:
+def judge_blackhole(f: dict) -> Verdict:
     s, lost = f["short"], f["lasting"]
     resumed = [s["server_heard_caller_after_ms"], s["caller_heard_server_after_ms"]]
     passed = (all(ms is not None and ms <= MAX_RESUME_MS for ms in resumed) and s["next_turn_answered"]
@@ -259,7 +261,9 @@ def judge_blackhole(f: dict) -> dict:
     if lost is not None:
         measured += (f"; a network that never came back: the call ended after {lost['ended_after_s']} s, stored as "
                      f"{lost['end_reason']}")
-    return {"scenario": "blackhole", "passed": passed, "figures": f, "measured": measured,
-            "pass_figure": f"the caller's network gone for {s['outage_s']:g} s mid-call: both ways heard again within "
-                           f"{MAX_RESUME_MS / 1000:g} s of its return, no new offer; gone for good: the call ended "
-                           f"within {NETWORK_LOST_WITHIN_S:g} s (ICE consent) and stored as network_lost"}
+    return Verdict(scenario="blackhole",
+                   pass_figure=f"the caller's network gone for {s['outage_s']:g} s mid-call: both ways heard again "
+                               f"within {MAX_RESUME_MS / 1000:g} s of its return, no new offer; gone for good: the "
+                               f"call ended within {NETWORK_LOST_WITHIN_S:g} s (ICE consent) and stored as network_lost",
+                   measured=measured,
+                   passed=passed, figures=f)

@@ -3,8 +3,7 @@
 Each attempt opens /ws/twilio or /v1/realtime with compression negotiated and sends one
 message over server.max_ws_message_bytes: just over it, or megabytes of one repeated byte
 that deflate to a few KB on the wire (a bomb). The server must close with 1009 at once, and
-its memory must not follow the inflated size. `run` returns the figures; latency_bench.chaos.suite
-judges them.
+its memory must not follow the inflated size. `run` returns the figures; `judge` judges them.
 """
 
 from __future__ import annotations
@@ -18,6 +17,7 @@ import websockets
 
 from latency_bench.chaos.admission import ws_url
 from latency_bench.chaos.server_figures import process_figures, settle
+from latency_bench.chaos.verdict import Verdict
 
 CLOSE_WAIT_S = 5.0
 
@@ -65,3 +65,13 @@ async def run(base_url: str, *, limit_bytes: int, attempts: int, bomb_bytes: int
             "closed_1009": sum(1 for code, _ in outcomes if code == 1009),
             "close_ms": {"p50": round(close_ms[len(close_ms) // 2], 1), "max": round(close_ms[-1], 1)},
             "rss_growth_mb": round(after["rss_mb"] - before["rss_mb"], 1)}
+
+
+def judge(f: dict) -> Verdict:
+    # Memory: a bomb is inflated up to the limit at most, so the process holds a few limits.
+    passed = f["closed_1009"] == f["attempts"] and f["close_ms"]["max"] <= 100 and f["rss_growth_mb"] <= 20
+    return Verdict("oversize", f"{f['attempts']} messages over the {f['limit_bytes']} B limit, half of them "
+                               f"{f['bomb_bytes'] // 2**20} MB deflate bombs: all closed 1009 within 100 ms, "
+                               "memory +20 MB at most",
+                   f"{f['closed_1009']} closed 1009 ({f['close_codes']}), p50 {f['close_ms']['p50']} ms, max "
+                   f"{f['close_ms']['max']} ms; memory {f['rss_growth_mb']:+.1f} MB", passed, f)

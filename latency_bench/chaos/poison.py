@@ -40,6 +40,7 @@ from latency_bench.chaos.inputs.injections import (BAKERY, CLINIC, Canaries, Cal
                                                    canaries, cross_agent_probes, documents)
 from latency_bench.chaos.log_scan import scan_log
 from latency_bench.chaos.server_figures import metric_by_labels
+from latency_bench.chaos.verdict import Verdict
 from pipelines.reply_shaping import squashed
 
 SEARCH_K = 20  # the search route's most: every passage B could ever be given, and more
@@ -345,10 +346,7 @@ def totals(f: dict) -> dict:
             "log_secrets": [dict(s, log=name) for name, log in (f["logs"] or {}).items() for s in log["secrets_found"]]}
 
 
-def judge(f: dict):
-    # Imported here: latency_bench.chaos.suite imports this module to run the scenario.
-    from latency_bench.chaos.suite import Verdict
-
+def judge(f: dict) -> Verdict:
     t = totals(f)
     refused = f["ingest"]["a"]["refused"] + f["ingest"]["b"]["refused"]
     passed = (f["logs"] is not None and t["log_lines"] > 0 and not t["log_secrets"] and t["cross_agent"] == 0

@@ -12,9 +12,7 @@ sends the next offer, so the bench never holds more calls than `concurrency` (ke
 the server's call cap, or offers are refused 503).
 
 Afterwards no call may be in progress and the server's open files must be back to where they
-were (each peer connection holds UDP sockets). `run` returns the figures; `judge` gives the
-verdict as a plain dict (latency_bench.chaos.suite imports the chaos_* modules, so importing its
-`Verdict` here would be a cycle: `Verdict(**judge(figures))` there).
+were (each peer connection holds UDP sockets). `run` returns the figures; `judge` judges them.
 """
 
 from __future__ import annotations
@@ -34,6 +32,7 @@ from aioice import stun
 from latency_bench.chaos.admission import calls_active
 from latency_bench.chaos.inputs.sdp_mutations import LOOPBACK, FuzzedOffer, fuzzed_offer, real_offers
 from latency_bench.chaos.server_figures import process_figures, settle
+from latency_bench.chaos.verdict import Verdict
 
 ANSWER_TIMEOUT_S = 10.0  # no answer by then counts as a hang
 CALL_END_WAIT_S = 15.0  # an answered call must end this long after the hang-up (past the connect deadline)
@@ -241,19 +240,18 @@ async def _fuzz(base_url: str, seeds: tuple[str, ...], *, offers: int, concurren
             "rss_growth_mb": round(after["rss_mb"] - before["rss_mb"], 1)}
 
 
-def judge(f: dict) -> dict:
-    """The verdict, with the fields of latency_bench.chaos.suite.Verdict."""
+def judge(f: dict) -> Verdict:
     classes = f["status_classes"]
     unexpected = sum(n for kind, n in classes.items() if kind not in ("2xx", "4xx"))
     left_behind = f["calls_active_after"] + f["answered_calls_left_live"]
     passed = unexpected == 0 and f["answer_ms"]["max"] <= PASS_ANSWER_MS and left_behind == 0 \
         and f["open_fds_delta"] <= 0
-    return {"scenario": "sdp-fuzzing",
-            "pass_figure": f"{f['offers']} mutated offers: each refused 4xx (or answered 2xx and hung up) within "
-                           f"{PASS_ANSWER_MS} ms, 0 5xx, 0 peer connections left behind",
-            "measured": f"{classes.get('4xx', 0)} 4xx, {classes.get('2xx', 0)} 2xx ({f['answered_calls_ended']} "
-                        f"ended after hang-up), {f['server_errors']} 5xx, {f['no_answer']} unanswered; p50 "
-                        f"{f['answer_ms']['p50']} ms, slowest {f['answer_ms']['max']} ms "
-                        f"({f['answers_over_pass_ms']} over {PASS_ANSWER_MS} ms); {left_behind} calls left "
-                        f"behind, open files {f['open_fds_delta']:+.0f}",
-            "passed": passed, "figures": f}
+    return Verdict(scenario="sdp-fuzzing",
+                   pass_figure=f"{f['offers']} mutated offers: each refused 4xx (or answered 2xx and hung up) within "
+                               f"{PASS_ANSWER_MS} ms, 0 5xx, 0 peer connections left behind",
+                   measured=f"{classes.get('4xx', 0)} 4xx, {classes.get('2xx', 0)} 2xx ({f['answered_calls_ended']} "
+                            f"ended after hang-up), {f['server_errors']} 5xx, {f['no_answer']} unanswered; p50 "
+                            f"{f['answer_ms']['p50']} ms, slowest {f['answer_ms']['max']} ms "
+                            f"({f['answers_over_pass_ms']} over {PASS_ANSWER_MS} ms); {left_behind} calls left "
+                            f"behind, open files {f['open_fds_delta']:+.0f}",
+                   passed=passed, figures=f)

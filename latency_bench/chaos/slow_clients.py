@@ -4,7 +4,7 @@ Opens `idle` TCP connections that never send a byte and `trickle` connections th
 HTTP request head one byte at a time and never finish it, then, while they are all open,
 asks GET /healthz as a real client would. The server should close every slow connection
 about `deadline_s` (server.request_header_timeout_seconds) after it opened, and answer the
-real client at once. `run` returns the figures; it judges nothing.
+real client at once. `run` returns the figures; `judge` judges them.
 """
 
 from __future__ import annotations
@@ -15,6 +15,8 @@ import time
 from urllib.parse import urlsplit
 
 import httpx
+
+from latency_bench.chaos.verdict import Verdict
 
 # A valid request head whose last header value never ends, so it is never complete.
 TRICKLED_HEAD_START = b"GET /healthz HTTP/1.1\r\nHost: chaos-bench\r\nX-Slow: "
@@ -112,3 +114,15 @@ def _closures(seconds: list[float | None]) -> dict:
     closed = [s for s in seconds if s is not None]
     return {"opened": len(seconds), "closed": len(closed), "still_open": len(seconds) - len(closed),
             "min_close_s": min(closed, default=None), "max_close_s": max(closed, default=None)}
+
+
+def judge(f: dict) -> Verdict:
+    closes = [f["idle"]["max_close_s"], f["trickle"]["max_close_s"]]
+    still_open = f["idle"]["still_open"] + f["trickle"]["still_open"]
+    slowest = max((round(c, 2) for c in closes if c is not None), default=None)
+    passed = still_open == 0 and f["failed_to_open"] == 0 and slowest is not None and slowest <= 10 \
+        and f["healthz"]["ok"]
+    return Verdict("slow-clients", "400 slow connections all closed within 10 s; a real request answered",
+                   f"{still_open} left open, slowest closed after {slowest} s; /healthz "
+                   f"{'answered in %.2f s' % f['healthz']['latency_s'] if f['healthz']['ok'] else 'failed'}",
+                   passed, f)

@@ -28,6 +28,7 @@ from latency_bench.callers.listen import TurnRecord
 from latency_bench.callers.speech import available_voices, speak_as
 from latency_bench.chaos.admission import ws_url
 from latency_bench.chaos.server_figures import LOOP_STALL_S, full_collections, loop_probes_later_than, process_figures
+from latency_bench.chaos.verdict import Verdict
 from latency_bench.stats import percentile
 
 QUESTIONS = ("What time do you open on Saturday?", "Can I book an appointment for Tuesday?",
@@ -124,7 +125,7 @@ async def run(base_url: str, *, minutes: float, warmup_minutes: float, sample_ev
             "server_full_gc": {"collections": int(collections), "over_50ms": int(slow_collections)}}
 
 
-def judge(f: dict) -> dict:
+def judge(f: dict) -> Verdict:
     growth = f["rss_growth_mb_per_10_min"]
     callers = f["callers"]
     drifts = [c["drift_ms"] for c in callers]
@@ -137,13 +138,14 @@ def judge(f: dict) -> dict:
         f"{c['answered']} of {c['turns']} turns answered, TTFS p50 {c['first_p50_ms'] or 0:.0f} -> "
         f"{c['last_p50_ms'] or 0:.0f} ms ({c['drift_ms'] if c['drift_ms'] is not None else '?'} ms), "
         f"{c['underruns']} underruns" for c in callers)
-    return {"scenario": "soak",
-            "pass_figure": f"{len(callers)} caller{'s' if len(callers) > 1 else ''} talking for {f['minutes']:g} min, one clock {skew_pct:.2g} % fast: memory +"
-                           f"{MAX_GROWTH_MB_PER_10_MIN:g} MB per 10 min at most after {f['warmup_minutes']:g} min, "
-                           f"reply lag drifting {MAX_DRIFT_MS:g} ms at most, no underruns, every turn answered",
-            "measured": f"memory {growth if growth is not None else '?'} MB per 10 min after warm-up "
-                        f"({len(f['rss_samples'])} samples); {per_caller}"
-                        + (f"; server loop stalls over 100 ms: {f['server_loop_stalls_over_100ms']}, full garbage "
-                           f"collections: {f['server_full_gc']['collections']} ({f['server_full_gc']['over_50ms']} "
-                           "over 50 ms)" if "server_full_gc" in f else ""),
-            "passed": passed, "figures": f}
+    return Verdict(scenario="soak",
+                   pass_figure=f"{len(callers)} caller{'s' if len(callers) > 1 else ''} talking for {f['minutes']:g} "
+                               f"min, one clock {skew_pct:.2g} % fast: memory +"
+                               f"{MAX_GROWTH_MB_PER_10_MIN:g} MB per 10 min at most after {f['warmup_minutes']:g} min, "
+                               f"reply lag drifting {MAX_DRIFT_MS:g} ms at most, no underruns, every turn answered",
+                   measured=f"memory {growth if growth is not None else '?'} MB per 10 min after warm-up "
+                            f"({len(f['rss_samples'])} samples); {per_caller}"
+                            + (f"; server loop stalls over 100 ms: {f['server_loop_stalls_over_100ms']}, full garbage "
+                               f"collections: {f['server_full_gc']['collections']} ({f['server_full_gc']['over_50ms']} "
+                               "over 50 ms)" if "server_full_gc" in f else ""),
+                   passed=passed, figures=f)

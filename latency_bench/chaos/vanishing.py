@@ -8,7 +8,7 @@ drop the TCP connection with no close at all. After warm-up cycles, the server's
 figures (/metrics: resident memory, open files, OS threads) are read before and after the
 measured cycles, once no call is left; each vanished call must end at once (never a zombie)
 and the store must hold every call as ended. `run`
-returns the figures; latency_bench.chaos.suite judges them.
+returns the figures; `judge` judges them.
 """
 
 from __future__ import annotations
@@ -23,6 +23,7 @@ import websockets
 
 from latency_bench.chaos.admission import start_event, ws_url
 from latency_bench.chaos.server_figures import SETTLE_TIMEOUT_S, no_calls_active, poll_until, process_figures, settle
+from latency_bench.chaos.verdict import Verdict
 
 AGENT = {"name": "chaos-greeter", "system_prompt": "You answer calls for a bakery.",
          "greeting": "Hello, this is the bakery. How can I help you today?"}
@@ -102,3 +103,17 @@ async def stored_calls(http: httpx.AsyncClient, *, expected: int) -> list[dict]:
             break
         calls += page
     return calls
+
+
+def judge(f: dict) -> Verdict:
+    passed = (f["rss_growth_mb"] <= 20 and f["open_fds_delta"] <= 0 and f["threads_delta"] <= 0
+              and f["stored_live_or_unended"] == 0 and f["stored_calls"] >= f["warmup"] + f["cycles"]
+              and f["call_ended_after_vanishing_ms"]["max"] <= 5000)
+    return Verdict("vanishing", f"{f['cycles']} connect/start/vanish cycles (half mid-reply, half dropping TCP): "
+                                "memory +20 MB at most, open files and threads back to baseline, each call "
+                                "ended within 5 s and stored as ended",
+                   f"memory {f['rss_growth_mb']:+.1f} MB, open files {f['open_fds_delta']:+.0f}, threads "
+                   f"{f['threads_delta']:+.0f}, calls ended {f['call_ended_after_vanishing_ms']['p50']} ms after "
+                   f"(max {f['call_ended_after_vanishing_ms']['max']}), "
+                   f"{f['stored_live_or_unended']} of {f['stored_calls']} unended; "
+                   f"{f['mid_reply_cycles_that_heard_audio']} left mid-reply", passed, f)

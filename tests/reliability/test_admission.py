@@ -10,7 +10,7 @@ from dataclasses import replace
 
 import pytest
 
-from latency_bench.chaos import suite, admission
+from latency_bench.chaos import admission
 from pipelines.voice import Engines
 from tests.conftest import running_server
 from tests.fakes import HashingEmbedder, ScriptedASR, ScriptedLLM, ToneTTS
@@ -33,13 +33,13 @@ async def test_sockets_that_never_start_hold_no_slot_and_are_closed_at_the_hands
     # More silent sockets than call slots (and than a key's session cap of 10).
     figures = await admission.run_handshake(server.base_url, silent=12, timeout_s=HANDSHAKE_TIMEOUT_S,
                                             slack_s=1.0)
-    verdict = suite.judge_handshake(figures)
+    verdict = admission.judge_handshake(figures)
     assert verdict.passed, verdict.measured
     assert figures["max_close_s"] < HANDSHAKE_TIMEOUT_S + 1.0
 
 
 async def test_the_cap_plus_fifty_callers_admit_exactly_the_cap_and_refuse_the_rest_at_once(server):
     figures = await admission.run_burst(server.base_url, cap=CAP, extra=50)
-    verdict = suite.judge_admission(figures)
+    verdict = admission.judge_admission(figures)
     assert verdict.passed, verdict.measured
     assert figures["calls_active_at_peak"] == CAP

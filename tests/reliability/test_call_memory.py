@@ -28,4 +28,4 @@ async def test_every_call_is_live_and_answered_while_its_memory_is_read(server):
     verdict = call_memory.judge(figures)
     assert figures["live_when_measured"] == 3 and figures["errors"] == [], figures
     assert len(figures["held_rss_mb"]) == call_memory.HELD_SAMPLES
-    assert verdict["passed"], verdict["measured"]  # fake engines: a call is its pipeline and buffers
+    assert verdict.passed, verdict.measured  # fake engines: a call is its pipeline and buffers

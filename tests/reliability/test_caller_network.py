@@ -56,5 +56,5 @@ async def test_a_short_outage_resumes_by_itself_and_a_lasting_one_ends_the_call_
     network, server = caller_network_server
     figures = await chaos_network.run_blackhole(network, server.base_url, outage_s=5.0, out=tmp_path)
     verdict = chaos_network.judge_blackhole(figures)
-    assert verdict["passed"], verdict["measured"]
+    assert verdict.passed, verdict.measured
     assert server_errors == []

@@ -62,6 +62,6 @@ def test_the_verdict_names_the_caller_count_and_fails_on_drift():
     figures = {"minutes": 60, "warmup_minutes": 10, "rss_samples": [(600, 900.0)] * 3,
                "rss_growth_mb_per_10_min": 0.5, "callers": [caller]}
     verdict = soak.judge(figures)
-    assert verdict["passed"] and verdict["pass_figure"].startswith("1 caller talking for 60 min, one clock 0.1 % fast")
+    assert verdict.passed and verdict.pass_figure.startswith("1 caller talking for 60 min, one clock 0.1 % fast")
     drifted = dict(figures, callers=[dict(caller, last_p50_ms=1080.0, drift_ms=80.0)])
-    assert not soak.judge(drifted)["passed"]
+    assert not soak.judge(drifted).passed

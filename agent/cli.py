@@ -4,7 +4,7 @@
     cadence agents list | show NAME | apply FILE     [--url URL]
     cadence chat NAME [--passages]                   [--url URL]
     cadence ingest NAME PATH...                      [--url URL]
-    cadence bench tts-codec [--json]
+    cadence bench SUBCOMMAND ...                     the bench: runs `python -m latency_bench SUBCOMMAND ...`
     cadence workers plan --deployment FILE [--json]   where each model's worker would run, or why not
     cadence workers up --deployment FILE              start them here, restart crashes, stop on SIGTERM
     cadence worker --deployment FILE --worker NAME    one of Cadence's own model workers (what `up` starts)
@@ -40,8 +40,6 @@ def main(argv: list[str] | None = None) -> int:
         own_main, own_argv = delegated
         return own_main(own_argv)
     args = _parser().parse_args(argv)
-    if args.command == "bench":
-        return _bench(args)
     if args.command in ("agents", "chat", "ingest", "drain"):
         return _client(args)
     return _serve(args)
@@ -66,6 +64,8 @@ def _delegated(argv: list[str]) -> tuple[Callable[[list[str]], int | None], list
         from workers import serve_worker
 
         return serve_worker.main, argv[1:]
+    if argv[:1] == ["bench"]:
+        return _bench, argv[1:]
     return None
 
 
@@ -87,7 +87,8 @@ def _parser() -> argparse.ArgumentParser:
     drain = sub.add_parser("drain", help="refuse new calls and wait until the live ones end (Kubernetes preStop)")
     drain.add_argument("--url", default=DEFAULT_URL, help=f"the server (default {DEFAULT_URL}); only from its machine")
     drain.add_argument("--timeout", type=float, default=600.0, help="seconds to wait for live calls (default 600)")
-    _add_bench_commands(sub)
+    sub.add_parser("bench", help="the bench (a distribution of its own): `bench SUBCOMMAND ...` runs "
+                                 "`python -m latency_bench SUBCOMMAND ...`, e.g. `bench tts-codec --json`")
     return parser
 
 
@@ -109,19 +110,6 @@ def _add_client_commands(sub) -> None:
     ingest.add_argument("--quiet", action="store_true", help="no progress bar")
     for client in (listing, show, apply, chat, ingest):
         client.add_argument("--url", default=DEFAULT_URL, help=f"the server (default {DEFAULT_URL})")
-
-
-def _add_bench_commands(sub) -> None:
-    bench = sub.add_parser("bench", help="component benchmarks")
-    bench_sub = bench.add_subparsers(dest="bench", required=True)
-    codec = bench_sub.add_parser("tts-codec", help="streaming SNAC decode vs the public sliding-window decoder")
-    codec.add_argument("--json", action="store_true", help="print one JSON object")
-    codec.add_argument("--quick", action="store_true", help="fewer batch sizes and shorter streams")
-    codec.add_argument("--device", default="cpu", help="cpu, or cuda on GPU hosts")
-    codec.add_argument("--max-streams", type=int, default=32, help="stop the real-time stream search here")
-    codec.add_argument("--batches", default="1,2,4,8,16", help="batch sizes whose throughput is measured")
-    codec.add_argument("--compile", action="store_true", help="torch.compile the decoder (each shape compiles once)")
-    codec.add_argument("--trials", type=int, default=3, help="runs per stream count in the real-time search (median)")
 
 
 def _serve(args) -> int:
@@ -209,20 +197,19 @@ def _quiet_loguru(level: str) -> None:
     logger.add(sys.stderr, level=level.upper(), filter=_kept)
 
 
-def _bench(args) -> int:
-    import json
+def _bench(argv: list[str]) -> int:
+    """The bench is a tool apart from the product (it imports the product, never the other way),
+    so it runs as a process of its own: `python -m latency_bench ARGV...`."""
+    import importlib.util
+    import subprocess
+    from pathlib import Path
 
-    from models.orpheus import codec_bench
-
-    batches = tuple(int(b) for b in args.batches.split(","))
-    result = codec_bench.run(quick=args.quick, device=args.device, max_streams=args.max_streams, batches=batches,
-                             compile=args.compile, trials=args.trials)
-    if args.json:
-        print(json.dumps(result))
-    else:
-        for key, value in result.items():
-            print(f"{key:45s} {value}")
-    return 0
+    # `python -m` finds it installed, or in the working directory (a checkout's root).
+    if importlib.util.find_spec("latency_bench") is None and not Path("latency_bench", "__main__.py").is_file():
+        print("cadence bench: the bench is not installed; from a checkout: pip install -e ./latency_bench",
+              file=sys.stderr)
+        return 2
+    return subprocess.call([sys.executable, "-m", "latency_bench", *argv])
 
 
 if __name__ == "__main__":

@@ -3,7 +3,7 @@
 A collection holds the GIL for as long as it scans, and a full (generation 2) one scans every
 object that has survived so far: the modules, the models' Python side, the web framework,
 ~140,000 objects once the default models are loaded, which took 50-57 ms per full collection
-here (python -m latency_bench.gc_pause). Full collections come by themselves during calls, as
+here (python -m latency_bench gc-pause). Full collections come by themselves during calls, as
 calls make and drop frames, so every so often the event loop, and every caller's audio with
 it, stood still for that long.
 

@@ -54,7 +54,7 @@ class KnowledgeOptions:
     rrf_k: int = 60
     # How hybrid search merges its two lists: "convex" (dense_weight * normalised cosine + the
     # rest * normalised BM25) or "rrf" (ranks only). Convex is the default by measurement
-    # (latency_bench.retrieval_bench, 15 needles among 1k same-topic chunks): recall@3 1.0
+    # (latency_bench.components.retrieval_bench, 15 needles among 1k same-topic chunks): recall@3 1.0
     # against RRF's 0.73 and dense-only's 0.93. RRF lets notes that merely name a place
     # outvote dense search's clear first hit; scores keep that margin. Equal at 10k and 100k.
     fusion: str = "convex"

@@ -111,7 +111,7 @@ def cadence(out: Path, *, max_calls: int, config: Path = DEFAULT_CONFIG, deploym
     `schedule`: server.schedule (None: the config's). `settings`: KEY=VALUE overrides.
     `agent_files`: agents created through the API once it is ready (the bench's own agents).
     `log_level`: the server's, into out/cadence.log. `environ`: set for the server (API keys).
-    `host`: the address it listens on (a caller network's host end: latency_bench/netns.py);
+    `host`: the address it listens on (a caller network's host end: latency_bench/chaos/netns.py);
     `insecure`: serve it without API keys (the server refuses to otherwise, off loopback)."""
     out.mkdir(parents=True, exist_ok=True)
     bench_config = write_bench_config(out, config, max_calls=max_calls, deployment=deployment, schedule=schedule,
@@ -147,7 +147,7 @@ def stock_pipecat(out: Path, *, turn_stop: str = "smart-turn", stop_secs: float 
                 "-c", str(cadence_config.llm.context_tokens), "--threads", str(cadence_config.llm.threads),
                 "--parallel", "1", "--alias", "smollm2", "--no-webui"]
     with child(llm_argv, out / "stock-llm.log", f"http://127.0.0.1:{llm_port}/v1/models"):
-        with child([sys.executable, "-m", "latency_bench.stock_pipecat", "--port", str(port),
+        with child([sys.executable, "-m", "latency_bench", "stock-pipecat", "--port", str(port),
                     "--llm-url", f"http://127.0.0.1:{llm_port}/v1", "--turn-stop", turn_stop,
                     "--stop-secs", str(stop_secs)], out / "stock-pipecat.log", f"http://127.0.0.1:{port}/readyz"):
             yield f"http://127.0.0.1:{port}"

@@ -26,7 +26,7 @@ _MALLOC_TRIM = _load_malloc_trim()
 def trim_native_heap() -> None:
     """Returns the C heap's free pages to the OS. Thread-safe (glibc locks each arena). It walks
     the heap and the pages it returns must be faulted in again on the next use, so it belongs
-    after a unit of heavy work, not inside one (its cost is in latency_bench.tts_memory's CPU
+    after a unit of heavy work, not inside one (its cost is in latency_bench.components.tts_memory's CPU
     figure for the voice without its arena)."""
     if _MALLOC_TRIM is not None:
         _MALLOC_TRIM(0)

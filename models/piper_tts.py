@@ -38,7 +38,7 @@ class PiperOptions:
     # sentence of ~55 words said in one run held +310 MB from then on, in runs of 120 characters
     # +115 MB; the warm-up says such a run, so the loaded voice holds it from the start. Off,
     # each sentence's memory goes back when it is done (the C heap trimmed after it), for
-    # ~25-35 % more CPU per sentence (python -m latency_bench.tts_memory). On by default: the
+    # ~25-35 % more CPU per sentence (python -m latency_bench tts-memory). On by default: the
     # TTS's CPU is in every reply's first audio, and the arena's high-water is bounded by the
     # longest run (max_run_chars).
     cpu_mem_arena: bool = True

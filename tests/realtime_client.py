@@ -10,8 +10,8 @@ from dataclasses import dataclass, field
 
 import numpy as np
 
-from latency_bench.audio import resample
-from latency_bench.speech import Voice, speak_as
+from latency_bench.callers.audio import resample
+from latency_bench.callers.speech import Voice, speak_as
 
 PROTOCOL_RATE = 24_000
 CHUNK_MS = 20

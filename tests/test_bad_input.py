@@ -14,9 +14,9 @@ import pytest
 import websockets
 from loguru import logger
 
-from latency_bench import twilio_caller
-from latency_bench.audio import mulaw_encode, resample, speak
-from latency_bench.conversation import PlannedTurn
+from latency_bench.callers import twilio_caller
+from latency_bench.callers.audio import mulaw_encode, resample, speak
+from latency_bench.callers.conversation import PlannedTurn
 from tests.conftest import running_server
 
 pytestmark = pytest.mark.slow

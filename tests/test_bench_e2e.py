@@ -9,8 +9,9 @@ import sys
 import aioice.ice
 import pytest
 
-from latency_bench import bench, servers
-from latency_bench.bench import Scenario
+from latency_bench import servers
+from latency_bench.load import runner
+from latency_bench.load.runner import Scenario
 
 pytestmark = [pytest.mark.e2e, pytest.mark.slow]
 
@@ -28,8 +29,8 @@ def assert_every_turn_answered_and_joined(level: dict, *, turns: int) -> None:
 
 
 async def test_two_phone_callers_are_measured_and_joined_with_the_server_stages(server):
-    results = await bench.run(Scenario(url=server.base_url, transport="twilio", turns=2, stagger_s=0.3), [2],
-                              progress=False)
+    results = await runner.run(Scenario(url=server.base_url, transport="twilio", turns=2, stagger_s=0.3), [2],
+                               progress=False)
     level, = results["levels"]
     assert level["callers"] == 2
     assert_every_turn_answered_and_joined(level, turns=4)
@@ -42,13 +43,13 @@ async def test_two_phone_callers_are_measured_and_joined_with_the_server_stages(
 async def test_a_webrtc_caller_is_measured_and_joined(server, monkeypatch):
     # As in test_e2e_webrtc: both peers gather 127.0.0.1 only, so the call stays on loopback.
     monkeypatch.setattr(aioice.ice, "get_host_addresses", lambda use_ipv4, use_ipv6: ["127.0.0.1"] if use_ipv4 else [])
-    results = await bench.run(Scenario(url=server.base_url, transport="webrtc", turns=2), [1], progress=False)
+    results = await runner.run(Scenario(url=server.base_url, transport="webrtc", turns=2), [1], progress=False)
     assert_every_turn_answered_and_joined(results["levels"][0], turns=2)
 
 
 async def test_a_realtime_caller_is_measured_and_joined_and_its_barge_in_stops_the_reply(server):
-    results = await bench.run(Scenario(url=server.base_url, transport="realtime", turns=3, barge_in_every=2), [1],
-                              progress=False)
+    results = await runner.run(Scenario(url=server.base_url, transport="realtime", turns=3, barge_in_every=2), [1],
+                               progress=False)
     level, = results["levels"]
     turns = level["turns"]
     assert [t["barged_in"] for t in turns] == [False, True, False]
@@ -58,8 +59,8 @@ async def test_a_realtime_caller_is_measured_and_joined_and_its_barge_in_stops_t
 
 
 async def test_a_barge_in_turn_reports_when_the_reply_stopped(server):
-    results = await bench.run(Scenario(url=server.base_url, transport="twilio", turns=3, barge_in_every=2), [1],
-                              progress=False)
+    results = await runner.run(Scenario(url=server.base_url, transport="twilio", turns=3, barge_in_every=2), [1],
+                               progress=False)
     turns = results["levels"][0]["turns"]
     assert [t["barged_in"] for t in turns] == [False, True, False]
     assert 0 < turns[1]["barge_in_stop_ms"] < 2000
@@ -87,7 +88,7 @@ def test_the_cli_refuses_bad_arguments_with_a_message():
 
 async def test_the_stock_pipecat_baseline_answers_a_phone_call(tmp_path):
     with servers.stock_pipecat(tmp_path) as url:
-        results = await bench.run(Scenario(url=url, transport="twilio", turns=1), [1], progress=False)
+        results = await runner.run(Scenario(url=url, transport="twilio", turns=1), [1], progress=False)
     level = results["levels"][0]
     assert level["summary"]["errors"] == 0, level["summary"]["error_kinds"]
     turn, = level["turns"]

@@ -3,7 +3,7 @@
 import numpy as np
 import pytest
 
-from latency_bench.listen import JITTER_BUFFER_S, LONG_SILENCE_S, ReplyTracker, TurnRecord
+from latency_bench.callers.listen import JITTER_BUFFER_S, LONG_SILENCE_S, ReplyTracker, TurnRecord
 
 RATE = 8000
 FRAME = 160  # 20 ms

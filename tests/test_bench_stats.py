@@ -9,11 +9,11 @@ from agent.agent_registry import limits_of
 from agent.agents import parse_spec
 from agent.config import load_config
 from latency_bench import report
-from latency_bench.bench import ramp_levels
-from latency_bench.capacity import SLO, find_capacity, verdict
-from latency_bench.conversation import plan_caller
-from latency_bench.listen import is_audible
-from latency_bench.speech import MAX_UTTERANCE_S, MIN_UTTERANCE_S, QUESTIONS, available_voices, synthesize
+from latency_bench.callers.conversation import plan_caller
+from latency_bench.callers.listen import is_audible
+from latency_bench.callers.speech import MAX_UTTERANCE_S, MIN_UTTERANCE_S, QUESTIONS, available_voices, synthesize
+from latency_bench.load.capacity import SLO, find_capacity, verdict
+from latency_bench.load.runner import ramp_levels
 from latency_bench.stats import join_server_turns, median_turn, percentile, summarize
 from pipelines.llm import CUT_SHORT_REPLY, FALLBACK_REPLY
 from pipelines.stt import NOT_HEARD_REPLY
@@ -169,7 +169,7 @@ async def test_the_stock_baseline_records_when_each_final_transcript_came():
     from pipecat.observers.base_observer import FramePushed
     from pipecat.processors.frame_processor import FrameDirection, FrameProcessor
 
-    from latency_bench.stock_pipecat import transcript_observer
+    from latency_bench.load.stock_pipecat import transcript_observer
 
     turns: list[dict] = []
     observer = transcript_observer(turns)
@@ -188,7 +188,7 @@ async def test_the_stock_baseline_records_when_each_final_transcript_came():
 
 
 def test_the_pause_bench_alternates_sentences_broken_mid_way_with_plain_questions():
-    from latency_bench.pauses import longest_silence_s, plan
+    from latency_bench.quality.pauses import longest_silence_s, plan
 
     turns, paused = plan(0.6)
     assert paused == [True, False] * 5
@@ -198,7 +198,7 @@ def test_the_pause_bench_alternates_sentences_broken_mid_way_with_plain_question
 
 
 def test_the_transports_summary_takes_medians_over_runs_and_compares_with_the_phone():
-    from latency_bench import transports
+    from latency_bench.load import transports
 
     def run(p50, p95, server=None, errors=0):
         return {"ttfs_ms": {"p50": p50, "p95": p95}, "server_ttfs_ms_p50": server, "errors": errors, "turns": 5}
@@ -213,7 +213,7 @@ def test_the_transports_summary_takes_medians_over_runs_and_compares_with_the_ph
 
 def test_the_relay_agent_is_a_valid_speech_to_speech_agent():
     from agent.agents import AgentLimits, parse_spec
-    from latency_bench import transports
+    from latency_bench.load import transports
 
     spec = parse_spec(transports.relay_agent("ws://127.0.0.1:8000", "default"),
                       AgentLimits(max_prompt_chars=1000, max_greeting_chars=100))

@@ -25,7 +25,7 @@ import httpx
 import numpy as np
 import pytest
 
-from latency_bench.audio import resample, speak, write_wav
+from latency_bench.callers.audio import resample, speak, write_wav
 from tests.call_checks import assert_answered_capital_question
 from tests.conftest import REPO_ROOT
 

@@ -296,9 +296,9 @@ async def test_a_call_speaks_through_a_codec_worker_the_server_started(default_c
     from dataclasses import replace
 
     from agent.config import OrpheusConfig, StoreConfig, TTSConfig
-    from latency_bench import twilio_caller
-    from latency_bench.audio import speak
-    from latency_bench.conversation import PlannedTurn
+    from latency_bench.callers import twilio_caller
+    from latency_bench.callers.audio import speak
+    from latency_bench.callers.conversation import PlannedTurn
     from tests.conftest import running_server
 
     deployment = tmp_path / "codec.yaml"

@@ -9,8 +9,8 @@ from dataclasses import replace
 import numpy as np
 import pytest
 
-from latency_bench import recordings
-from latency_bench.der import diarization_error_rate
+from latency_bench.callers import recordings
+from latency_bench.quality.der import diarization_error_rate
 from transcription.diarization import Diarizer, cluster
 from transcription.options import TranscriptionOptions
 from transcription.pool import WhisperPool

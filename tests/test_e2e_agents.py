@@ -15,7 +15,7 @@ import numpy as np
 import pytest
 import websockets
 
-from latency_bench.audio import mulaw_decode, mulaw_encode, resample
+from latency_bench.callers.audio import mulaw_decode, mulaw_encode, resample
 from tests.call_checks import wait_until_ended
 
 pytestmark = [pytest.mark.e2e, pytest.mark.slow]

@@ -7,9 +7,9 @@ import asyncio
 
 import pytest
 
-from latency_bench import twilio_caller
-from latency_bench.audio import speak
-from latency_bench.conversation import PlannedTurn
+from latency_bench.callers import twilio_caller
+from latency_bench.callers.audio import speak
+from latency_bench.callers.conversation import PlannedTurn
 from tests.conftest import finished_call
 
 pytestmark = [pytest.mark.e2e, pytest.mark.slow]

@@ -14,9 +14,9 @@ import httpx
 import pytest
 
 from agent.config import StoreConfig
-from latency_bench import twilio_caller
-from latency_bench.audio import speak
-from latency_bench.conversation import PlannedTurn
+from latency_bench.callers import twilio_caller
+from latency_bench.callers.audio import speak
+from latency_bench.callers.conversation import PlannedTurn
 from pipelines.llm import FALLBACK_REPLY
 from tests.call_checks import assert_answered_capital_question, wait_until_ended
 from tests.conftest import REPO_ROOT, running_server

@@ -8,9 +8,9 @@ from __future__ import annotations
 import httpx
 import pytest
 
-from latency_bench import twilio_caller
-from latency_bench.audio import speak
-from latency_bench.conversation import PlannedTurn
+from latency_bench.callers import twilio_caller
+from latency_bench.callers.audio import speak
+from latency_bench.callers.conversation import PlannedTurn
 from tests.call_checks import wait_until_ended
 
 pytestmark = [pytest.mark.e2e, pytest.mark.slow]

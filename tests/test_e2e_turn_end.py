@@ -11,9 +11,9 @@ from __future__ import annotations
 import httpx
 import pytest
 
-from latency_bench import twilio_caller
-from latency_bench.conversation import PlannedTurn
-from latency_bench.pauses import PAUSED_SENTENCES, longest_silence_s, paused_utterance, plain_utterance
+from latency_bench.callers import twilio_caller
+from latency_bench.callers.conversation import PlannedTurn
+from latency_bench.quality.pauses import PAUSED_SENTENCES, longest_silence_s, paused_utterance, plain_utterance
 from tests.call_checks import wait_until_ended
 
 pytestmark = [pytest.mark.e2e, pytest.mark.slow]

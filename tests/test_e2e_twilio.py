@@ -15,9 +15,9 @@ import pytest
 from loguru import logger
 
 from tests.call_checks import assert_answered_capital_question, wait_until_ended
-from latency_bench import twilio_caller
-from latency_bench.audio import resample, speak
-from latency_bench.conversation import PlannedTurn
+from latency_bench.callers import twilio_caller
+from latency_bench.callers.audio import resample, speak
+from latency_bench.callers.conversation import PlannedTurn
 
 pytestmark = [pytest.mark.e2e, pytest.mark.slow]
 

@@ -20,9 +20,9 @@ import httpx
 import pytest
 
 from tests.call_checks import assert_answered_capital_question, wait_until_ended
-from latency_bench import webrtc_caller
-from latency_bench.audio import resample, speak
-from latency_bench.conversation import PlannedTurn
+from latency_bench.callers import webrtc_caller
+from latency_bench.callers.audio import resample, speak
+from latency_bench.callers.conversation import PlannedTurn
 
 pytestmark = [pytest.mark.e2e, pytest.mark.slow]
 
@@ -83,7 +83,7 @@ async def test_a_caller_whose_audio_ends_is_hung_up_though_its_close_never_came(
     call ends on the BYE (its audio track ending), not ~30 s later when ICE consent runs out."""
     from aiortc import RTCConfiguration, RTCPeerConnection, RTCSessionDescription
 
-    from latency_bench.server_figures import poll_until
+    from latency_bench.chaos.server_figures import poll_until
     from pipelines.voice import Engines
     from tests.conftest import running_server
     from tests.fakes import HashingEmbedder, ScriptedASR, ScriptedLLM, ToneTTS

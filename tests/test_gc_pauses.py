@@ -11,7 +11,7 @@ import sys
 import httpx
 
 from agent.gc_pauses import GcPauseWatch
-from latency_bench.server_figures import full_collections, metric_value
+from latency_bench.chaos.server_figures import full_collections, metric_value
 from tests.conftest import REPO_ROOT
 from tests.reliability.test_drain_on_sigterm import server_process
 

@@ -288,7 +288,7 @@ def test_convex_fuse_keeps_score_margins():
 def test_the_needle_is_found_among_same_topic_notes_with_the_real_embedder(tmp_path):
     """500 near-identical clinic notes (places, rooms, loans) and one note about a place named
     nowhere else; the question shares only the place's name with it."""
-    from latency_bench.retrieval_bench import NEEDLE, distractor_notes
+    from latency_bench.components.retrieval_bench import NEEDLE, distractor_notes
     from models.embedding import EmbeddingOptions, build_embedder
 
     embedder = build_embedder(EmbeddingOptions())

@@ -26,9 +26,9 @@ from pipecat.frames.frames import (
 from pipecat.tests.utils import run_test
 
 from agent.config import ModelDeadlines
-from latency_bench import twilio_caller
-from latency_bench.audio import speak
-from latency_bench.conversation import PlannedTurn
+from latency_bench.callers import twilio_caller
+from latency_bench.callers.audio import speak
+from latency_bench.callers.conversation import PlannedTurn
 from models.base import ASREngine, ChatMessage, LLMEngine, Sampling, TTSEngine, Transcript
 from models.errors import StalledError, WorkerUnavailableError
 from models.fallback_voice import FallbackTTSEngine

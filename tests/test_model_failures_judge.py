@@ -6,8 +6,8 @@ from datetime import datetime
 
 import pytest
 
-from latency_bench.chaos_model_failures import _known_at, judge, stalls_logged
-from latency_bench.listen import TurnRecord
+from latency_bench.callers.listen import TurnRecord
+from latency_bench.chaos.model_failures import _known_at, judge, stalls_logged
 
 
 def figures(*cases: dict, baseline_p95_ms: float = 3000.0, baseline_turns: int = 6) -> dict:
@@ -18,20 +18,20 @@ def figures(*cases: dict, baseline_p95_ms: float = 3000.0, baseline_turns: int =
 
 
 def test_an_apology_must_come_within_two_seconds_of_the_failure_being_known():
-    assert judge(figures({"answer_after_known_ms": 1900, "apology": True, "ttfs_ms": 1900}))["passed"]
-    assert not judge(figures({"answer_after_known_ms": 2100, "apology": True, "ttfs_ms": 2100}))["passed"]
+    assert judge(figures({"answer_after_known_ms": 1900, "apology": True, "ttfs_ms": 1900})).passed
+    assert not judge(figures({"answer_after_known_ms": 2100, "apology": True, "ttfs_ms": 2100})).passed
 
 
 def test_a_real_reply_passes_when_the_caller_could_not_tell_the_fault_from_a_healthy_turn():
     masked = {"answer_after_known_ms": 2800, "apology": False, "ttfs_ms": 2800}
-    assert judge(figures(masked, baseline_p95_ms=3000))["passed"]
+    assert judge(figures(masked, baseline_p95_ms=3000)).passed
     verdict = judge(figures(masked, baseline_p95_ms=2500))  # later than a healthy turn, and past 2 s
-    assert not verdict["passed"] and "reply, TTFS 2800 ms" in verdict["measured"]
+    assert not verdict.passed and "reply, TTFS 2800 ms" in verdict.measured
 
 
 def test_an_unheard_turn_fails_whatever_else_holds():
     assert not judge(figures({"answer_after_known_ms": None, "answered": False, "apology": False,
-                              "ttfs_ms": None}))["passed"]
+                              "ttfs_ms": None})).passed
 
 
 LOG = """\
@@ -92,7 +92,7 @@ def test_a_stopped_asr_is_known_when_the_server_gave_up_on_the_transcript_begun_
 
 
 def test_of_several_replicas_the_fault_goes_to_the_one_serving_the_turn_and_waits_while_that_is_unclear():
-    from latency_bench.chaos_model_failures import Worker, serving_replica
+    from latency_bench.chaos.model_failures import Worker, serving_replica
 
     workers = {"asr": Worker("asr", 10, "http://127.0.0.1:1"), "llm-0": Worker("llm-0", 11, "http://127.0.0.1:2"),
                "llm-1": Worker("llm-1", 12, "http://127.0.0.1:3")}
@@ -110,6 +110,6 @@ def test_of_several_replicas_the_fault_goes_to_the_one_serving_the_turn_and_wait
 
 def test_a_baseline_of_too_few_healthy_turns_judges_nothing():
     healthy = {"answer_after_known_ms": 500, "apology": True, "ttfs_ms": 900}
-    assert judge(figures(healthy, baseline_turns=4))["passed"]
+    assert judge(figures(healthy, baseline_turns=4)).passed
     verdict = judge(figures(healthy, baseline_turns=3))
-    assert not verdict["passed"] and "baseline only 3 turns" in verdict["measured"]
+    assert not verdict.passed and "baseline only 3 turns" in verdict.measured

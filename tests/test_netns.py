@@ -1,12 +1,12 @@
-"""The caller networks' commands (latency_bench/netns.py); the namespaces themselves are made
+"""The caller networks' commands (latency_bench/chaos/netns.py); the namespaces themselves are made
 by tests/reliability/test_caller_network.py."""
 
 from __future__ import annotations
 
 import pytest
 
-from latency_bench.netns import (LinkProfile, Names, blackhole_commands, clear_shape_commands, setup_commands,
-                                 shape_commands, teardown_commands)
+from latency_bench.chaos.netns import (LinkProfile, Names, blackhole_commands, clear_shape_commands, setup_commands,
+                                       shape_commands, teardown_commands)
 
 NAMES = Names.for_process(4194304, 254)  # the largest pid and subnet
 

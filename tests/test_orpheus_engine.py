@@ -11,9 +11,9 @@ import pytest
 
 from agent.config import OrpheusConfig, TTSConfig
 from agent.errors import CadenceError
-from latency_bench import twilio_caller
-from latency_bench.audio import speak
-from latency_bench.conversation import PlannedTurn
+from latency_bench.callers import twilio_caller
+from latency_bench.callers.audio import speak
+from latency_bench.callers.conversation import PlannedTurn
 from models.base import TTSEngine
 from models.fallback_voice import FallbackTTSEngine
 from models.orpheus.build import build_orpheus, byte_tokenizer

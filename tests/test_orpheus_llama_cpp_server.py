@@ -1,6 +1,6 @@
 """The Orpheus token source against a real OpenAI-compatible server process: llama.cpp's
 `llama-server` (the one `make setup` builds) serving a tiny random-weight Llama with Orpheus' vocabulary
-(`models/orpheus/tiny_gguf.py`). vLLM and trtllm-serve, which take the prompt as token
+(`latency_bench/components/orpheus_standins/tiny_gguf.py`). vLLM and trtllm-serve, which take the prompt as token
 ids, cannot run here; llama.cpp's completions endpoint takes text (prompt_format="text")."""
 
 from __future__ import annotations
@@ -16,7 +16,7 @@ from models.orpheus.build import byte_detokenizer, byte_tokenizer
 from models.orpheus.decode_service import SnacDecodeService
 from models.orpheus.engine import OrpheusTTSEngine
 from models.orpheus.snac_decoder import load_snac
-from models.orpheus.tiny_gguf import write_tiny_orpheus_gguf
+from latency_bench.components.orpheus_standins.tiny_gguf import write_tiny_orpheus_gguf
 from models.orpheus.token_source import OpenAICompletionsTokenSource, OrpheusSampling
 from models.orpheus.tokens import FRAME_TOKENS, SAMPLES_PER_FRAME
 

@@ -14,7 +14,7 @@ import torch
 
 from agent.errors import CapacityError
 from models.orpheus import snac_codes_to_tokens
-from models.orpheus.codec_bench import baseline_stream_decode, exact_stream_decode
+from latency_bench.components.codec_bench import baseline_stream_decode, exact_stream_decode
 from models.orpheus.decode_service import DecodeServiceConfig, SnacDecodeService
 from models.orpheus.snac_decoder import frames_tensor, load_snac, receptive_field_frames, snr_db
 from models.orpheus.snac_stream import SnacStreamer

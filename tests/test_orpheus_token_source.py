@@ -72,7 +72,7 @@ def dev_server(tmp_path):
     from latency_bench.servers import child, free_port
 
     url = f"http://127.0.0.1:{free_port()}"
-    argv = [sys.executable, "-m", "models.orpheus.dev_server", "--port", url.rsplit(":", 1)[1]]
+    argv = [sys.executable, "-m", "latency_bench", "orpheus-dev-server", "--port", url.rsplit(":", 1)[1]]
     with child(argv, tmp_path / "server.log", url + "/v1/models", timeout_s=60):
         yield url
 

@@ -56,8 +56,8 @@ async def test_the_voice_speaks_a_sentence_in_chunks():
 async def test_a_run_on_sentence_is_said_in_pieces_no_longer_than_the_configured_run():
     """Piper says a whole run before any of it plays, and the arena keeps the longest run's
     workspace: a 55-word sentence said whole had its first audio after ~0.9 s and left +310 MB,
-    in pieces of 120 characters ~0.34 s and +115 MB (python -m latency_bench.tts_memory)."""
-    from latency_bench.tts_memory import LONG
+    in pieces of 120 characters ~0.34 s and +115 MB (python -m latency_bench tts-memory)."""
+    from latency_bench.components.tts_memory import LONG
 
     engine = PiperTTSEngine(load_config(DEFAULT_CONFIG).tts)
     engine.load()

@@ -3,23 +3,11 @@ The model itself is faked: these tests check the sweep's bookkeeping, not SmolLM
 
 from __future__ import annotations
 
-from latency_bench import prompt_sweep as sweep_mod
-from latency_bench.prompt_sweep import (
-    MAX_REFUSAL_RATE,
-    PROMPTS,
-    ROOT,
-    KNOWLEDGE_GLOB,
-    Candidate,
-    answer_passages,
-    first_sentences,
-    knowledge_paragraphs,
-    load_questions,
-    messages_for,
-    rank_key,
-    sweep,
-    table,
-)
-from latency_bench.reply_quality import is_grounded
+from latency_bench.quality import prompt_sweep as sweep_mod
+from latency_bench.quality.prompt_sweep import (MAX_REFUSAL_RATE, PROMPTS, ROOT, KNOWLEDGE_GLOB, Candidate,
+                                                answer_passages, first_sentences, knowledge_paragraphs, load_questions,
+                                                messages_for, rank_key, sweep, table)
+from latency_bench.quality.reply_quality import is_grounded
 from pipelines.knowledge_context import REFERENCE_OPEN
 
 PARAGRAPHS = knowledge_paragraphs(sorted(ROOT.glob(KNOWLEDGE_GLOB)))

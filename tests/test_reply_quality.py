@@ -8,18 +8,9 @@ import re
 import httpx
 import pytest
 
-from latency_bench import quality
-from latency_bench.reply_quality import (
-    estimated_speech_seconds,
-    is_grounded,
-    is_refusal,
-    is_unsure,
-    judge,
-    leaks_prompt,
-    normalise,
-    reply_words,
-    score,
-)
+from latency_bench.quality import quality
+from latency_bench.quality.reply_quality import (estimated_speech_seconds, is_grounded, is_refusal, is_unsure, judge,
+                                                 leaks_prompt, normalise, reply_words, score)
 
 # Replies SmolLM2-135M gave as the default agent (the issue, the prompt sweep) and their kin.
 REFUSALS = [

@@ -8,8 +8,8 @@ from prometheus_client import CollectorRegistry, Counter, Gauge, generate_latest
 import pytest
 
 from agent.metrics import CadenceMetrics
-from latency_bench.server_figures import (full_collections, loop_probes_later_than, metric_by_labels, metric_samples,
-                                          metric_value, poll_until)
+from latency_bench.chaos.server_figures import (full_collections, loop_probes_later_than, metric_by_labels,
+                                                metric_samples, metric_value, poll_until)
 
 
 def exposition() -> str:

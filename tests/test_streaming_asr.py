@@ -14,7 +14,7 @@ from pipecat.pipeline.pipeline import Pipeline
 from pipecat.processors.frame_processor import FrameProcessor
 from pipecat.tests.utils import run_test
 
-from latency_bench.wer import word_error_rate
+from latency_bench.quality.wer import word_error_rate
 from models.base import ASREngine, Transcript
 from pipelines.local_agreement import LocalAgreement
 from pipelines.stt import EngineSTTService
@@ -139,7 +139,7 @@ async def test_without_partials_the_turn_is_transcribed_once():
 
 @pytest.mark.slow
 async def test_the_real_whisper_streams_partials_and_a_final_within_the_wer_bound(embedded_engines):
-    from latency_bench.audio import resample, speak
+    from latency_bench.callers.audio import resample, speak
 
     samples, rate = speak(SENTENCE, words_per_minute=150)
     pcm = resample(samples, rate, 16_000).tobytes()

@@ -15,8 +15,8 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from latency_bench import recordings
-from latency_bench.wer import word_error_rate
+from latency_bench.callers import recordings
+from latency_bench.quality.wer import word_error_rate
 from transcription.audio_file import AudioReader
 from transcription.errors import AudioTooLong, EmptyAudio, UnreadableAudio
 from transcription.guard import rejection

@@ -13,8 +13,8 @@ import httpx
 import numpy as np
 import pytest
 
-from latency_bench import recordings
-from latency_bench.wer import word_error_rate
+from latency_bench.callers import recordings
+from latency_bench.quality.wer import word_error_rate
 from tests.conftest import running_server
 from transcription.errors import BadTranscriptionRequest, JobNotFound, JobQueueFull, UploadTooLarge
 from transcription.jobs import CANCELLED, DONE, FAILED, JobLimits, TranscriptionJobs

@@ -1,7 +1,7 @@
 """The CPU voice can give back what a long sentence needed (issue 13: found by the 1-caller soak,
 where one run-on reply sentence stepped the server's memory up for good): `tts.cpu_mem_arena:
 false`. Each memory check runs the bench's measure in a fresh process, as
-`python -m latency_bench.tts_memory` does."""
+`python -m latency_bench tts-memory` does."""
 
 from __future__ import annotations
 
@@ -29,7 +29,7 @@ def test_the_voices_arena_is_the_configs_choice():
 
 
 def measured(arena: str) -> dict:
-    child = subprocess.run([sys.executable, "-m", "latency_bench.tts_memory", "--one", arena, "--repeats", "1"],
+    child = subprocess.run([sys.executable, "-m", "latency_bench", "tts-memory", "--one", arena, "--repeats", "1"],
                            cwd=REPO_ROOT, capture_output=True, text=True, timeout=300, check=True)
     return json.loads(child.stdout.strip().splitlines()[-1])
 
@@ -45,7 +45,7 @@ def test_without_the_arena_a_long_sentence_leaves_the_voice_no_bigger_than_short
 def test_with_the_arena_the_loaded_voice_already_holds_what_a_run_on_sentence_needs():
     """The warm-up says a run as long as tts.max_run_chars, so a long reply sentence later is no
     step in a call's memory: +115 MB when the warm-up said "Hello.", +14 to +48 MB when it said
-    a run of everyday words, +0.6 MB with long words (python -m latency_bench.tts_memory)."""
+    a run of everyday words, +0.6 MB with long words (python -m latency_bench tts-memory)."""
     row = measured("on")
     assert row["after_long_mb"] < 20, row
     assert row["cpu_ms_long_sentence"] > row["cpu_ms_per_short_sentence"] > 0, row

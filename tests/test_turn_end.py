@@ -69,11 +69,11 @@ def test_options_are_checked():
 
 
 async def test_the_vad_ends_a_pause_at_the_length_it_is_allowed():
-    from latency_bench.audio import resample, speak
+    from latency_bench.callers.audio import resample, speak
     from pipecat.audio.vad.vad_analyzer import VADParams, VADState
     from pipelines.vad import PauseAwareSileroVAD
 
-    from latency_bench.speech import trim_silence
+    from latency_bench.callers.speech import trim_silence
 
     samples, rate = speak("Where is my package?")
     voice = trim_silence(resample(samples, rate, 16_000), 16_000).tobytes()
@@ -201,7 +201,7 @@ async def test_the_real_smart_turn_weights_load_checked_and_judge_off_the_event_
     engine = SmartTurnEngine(SmartTurnOptions())
     engine.load()  # the ONNX file inside pipecat's wheel, checked against its recorded sha256
     try:
-        from latency_bench.audio import resample, speak
+        from latency_bench.callers.audio import resample, speak
 
         samples, rate = speak("Where is my package?")
         pcm = resample(samples, rate, 16_000).tobytes()

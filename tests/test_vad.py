@@ -19,7 +19,7 @@ WINDOW_BYTES = 512 * 2
 @pytest.fixture(scope="module")
 def utterances() -> list[bytes]:
     """Two different callers' audio: speech, then silence long enough for the model's resets."""
-    from latency_bench.audio import resample, speak
+    from latency_bench.callers.audio import resample, speak
 
     spoken = []
     for text in ("Where is my package? It was due on Monday.", "I would like to change my booking, please."):

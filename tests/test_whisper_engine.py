@@ -4,7 +4,7 @@ import numpy as np
 import pytest
 
 from agent.config import ASRConfig
-from latency_bench.audio import mulaw_decode, mulaw_encode, resample, speak
+from latency_bench.callers.audio import mulaw_decode, mulaw_encode, resample, speak
 from models.whisper_asr import (
     MAX_DECODE_TOKENS,
     RETRY_TEMPERATURE,

@@ -381,7 +381,7 @@ def _words(text: str) -> list[str]:
 
 @pytest.mark.slow
 async def test_whisper_batched_across_calls_hears_what_it_hears_in_process():
-    from latency_bench.audio import resample, speak
+    from latency_bench.callers.audio import resample, speak
     from models.whisper_asr import WhisperASREngine, WhisperOptions
     from workers.batched_whisper import BatchedWhisperASR
 

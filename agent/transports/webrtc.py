@@ -31,7 +31,7 @@ log = logging.getLogger(__name__)
 
 TRANSPORT = "webrtc"
 # Opus runs at 48 kHz. Handing aiortc 48 kHz spares its own 24 -> 48 kHz step, whose 20 ms
-# packets wait on the next 10 ms frame (8 ms on the first reply audio, latency_bench/webrtc_path.py);
+# packets wait on the next 10 ms frame (8 ms on the first reply audio, latency_bench/components/webrtc_path.py);
 # the TTS's audio is resampled once, in pipecat, either way.
 WEBRTC_OUTPUT_SAMPLE_RATE = 48_000
 # aiortc's audio jitter buffer holds 4 packets before releasing one (prefetch=4): 80 ms on every

@@ -349,9 +349,9 @@ def serve_and_measure(args) -> None:
 
 
 async def call(url: str, turns: int, clock_rate: float) -> None:
-    from latency_bench import twilio_caller
-    from latency_bench.conversation import PlannedTurn
-    from latency_bench.speech import available_voices, speak_as
+    from latency_bench.callers import twilio_caller
+    from latency_bench.callers.conversation import PlannedTurn
+    from latency_bench.callers.speech import available_voices, speak_as
 
     questions = ("What time do you open on Saturday?", "Can I book an appointment for Tuesday?",
                  "Where do I park when I arrive?", "Do you take walk-in patients?")
@@ -373,8 +373,8 @@ async def monologue_call(url: str, seconds: float, clock_rate: float, every_s: f
 
     import websockets
 
-    from latency_bench.chaos_endless import monologue
-    from latency_bench.twilio_caller import PhoneLine
+    from latency_bench.chaos.endless import monologue
+    from latency_bench.callers.twilio_caller import PhoneLine
 
     audio, rate, _ = monologue(seconds)
     sid = "MZ" + uuid.uuid4().hex

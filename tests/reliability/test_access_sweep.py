@@ -3,7 +3,7 @@ access`, judged by its pass figure: on every route that starts a call or changes
 missing, wrong, expired, reused and `alg: none` credentials and a foreign Origin are all
 refused, a valid credential gets past the same routes, and no key or token reaches any log
 line, at DEBUG included. The routes come from the app's own route table: one that changes
-something and is not classified in latency_bench/access_routes.py fails here."""
+something and is not classified in latency_bench/chaos/inputs/access_routes.py fails here."""
 
 from __future__ import annotations
 
@@ -16,8 +16,9 @@ from fastapi.staticfiles import StaticFiles
 from agent.access import CredentialRedactor
 from agent.app import FRONTEND_DIR, create_app
 from agent.auth import AuthConfig
-from latency_bench import access_routes, chaos_access
-from latency_bench.access_routes import CALL, GUARDS, LOCAL, NOT_SWEPT, label
+from latency_bench.chaos import access
+from latency_bench.chaos.inputs import access_routes
+from latency_bench.chaos.inputs.access_routes import CALL, GUARDS, LOCAL, NOT_SWEPT, label
 from pipelines.voice import Engines
 from tests.conftest import CLIENT_LOGGERS, running_server
 from tests.fakes import HashingEmbedder, ScriptedASR, ScriptedLLM, ToneTTS
@@ -72,7 +73,7 @@ def test_every_route_that_changes_something_is_classified(server_config):
     app = create_app(server_config, engines=fake_engines(), engines_loaded=True, environ={})
     routes = access_routes.mutating_routes(app)
     assert access_routes.unclassified(routes) == [], (
-        "classify each new route that changes something in latency_bench/access_routes.py (GUARDS, or "
+        "classify each new route that changes something in latency_bench/chaos/inputs/access_routes.py (GUARDS, or "
         "NOT_SWEPT with the reason)")
     assert set(GUARDS) | set(NOT_SWEPT) <= routes, "a classified route is gone: take it out of the tables"
 
@@ -91,15 +92,15 @@ def test_every_route_that_changes_something_is_classified(server_config):
 async def test_bad_credentials_are_refused_everywhere_and_none_is_logged(keyed, server_log):
     routes = access_routes.mutating_routes(keyed.app)
     assert await access_routes.routes_from_openapi(keyed.base_url) == routes  # the bench finds the same
-    figures = await chaos_access.run(keyed.base_url, key=KEY, read_log=lambda: "\n".join(server_log), routes=routes)
-    verdict = chaos_access.judge(figures)
+    figures = await access.run(keyed.base_url, key=KEY, read_log=lambda: "\n".join(server_log), routes=routes)
+    verdict = access.judge(figures)
     assert figures["not_refused"] == []
     assert verdict.passed, verdict.measured
 
     matrix = figures["matrix"]
     assert set(matrix) == {label(r) for r in GUARDS}
     for route, guard in GUARDS.items():
-        assert set(matrix[label(route)]) == set(chaos_access.kinds_for(guard)), route
+        assert set(matrix[label(route)]) == set(access.kinds_for(guard)), route
     # The tokens were refused for what they were, not as strangers: the refusals are not vacuous.
     for route in ("POST /api/offer", "WS /v1/realtime"):
         assert matrix[route]["expired"] == ["401 expired"] and matrix[route]["reused"] == ["401 reused"], route

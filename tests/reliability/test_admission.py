@@ -10,7 +10,7 @@ from dataclasses import replace
 
 import pytest
 
-from latency_bench import chaos, chaos_admission
+from latency_bench.chaos import admission
 from pipelines.voice import Engines
 from tests.conftest import running_server
 from tests.fakes import HashingEmbedder, ScriptedASR, ScriptedLLM, ToneTTS
@@ -31,15 +31,15 @@ def server(server_config):
 
 async def test_sockets_that_never_start_hold_no_slot_and_are_closed_at_the_handshake_timeout(server):
     # More silent sockets than call slots (and than a key's session cap of 10).
-    figures = await chaos_admission.run_handshake(server.base_url, silent=12, timeout_s=HANDSHAKE_TIMEOUT_S,
-                                                  slack_s=1.0)
-    verdict = chaos.judge_handshake(figures)
+    figures = await admission.run_handshake(server.base_url, silent=12, timeout_s=HANDSHAKE_TIMEOUT_S,
+                                            slack_s=1.0)
+    verdict = admission.judge_handshake(figures)
     assert verdict.passed, verdict.measured
     assert figures["max_close_s"] < HANDSHAKE_TIMEOUT_S + 1.0
 
 
 async def test_the_cap_plus_fifty_callers_admit_exactly_the_cap_and_refuse_the_rest_at_once(server):
-    figures = await chaos_admission.run_burst(server.base_url, cap=CAP, extra=50)
-    verdict = chaos.judge_admission(figures)
+    figures = await admission.run_burst(server.base_url, cap=CAP, extra=50)
+    verdict = admission.judge_admission(figures)
     assert verdict.passed, verdict.measured
     assert figures["calls_active_at_peak"] == CAP

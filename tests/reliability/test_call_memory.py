@@ -8,7 +8,7 @@ from dataclasses import replace
 
 import pytest
 
-from latency_bench import chaos_call_memory
+from latency_bench.chaos import call_memory
 from pipelines.voice import Engines
 from tests.conftest import running_server
 from tests.fakes import HashingEmbedder, ScriptedASR, ScriptedLLM, ToneTTS
@@ -24,8 +24,8 @@ def server(server_config):
 
 
 async def test_every_call_is_live_and_answered_while_its_memory_is_read(server):
-    figures = await chaos_call_memory.run(server.base_url, calls=3, hold_s=8.0)
-    verdict = chaos_call_memory.judge(figures)
+    figures = await call_memory.run(server.base_url, calls=3, hold_s=8.0)
+    verdict = call_memory.judge(figures)
     assert figures["live_when_measured"] == 3 and figures["errors"] == [], figures
-    assert len(figures["held_rss_mb"]) == chaos_call_memory.HELD_SAMPLES
-    assert verdict["passed"], verdict["measured"]  # fake engines: a call is its pipeline and buffers
+    assert len(figures["held_rss_mb"]) == call_memory.HELD_SAMPLES
+    assert verdict.passed, verdict.measured  # fake engines: a call is its pipeline and buffers

@@ -16,7 +16,7 @@ from pathlib import Path
 
 import pytest
 
-from latency_bench import chaos_network, netns
+from latency_bench.chaos import network as chaos_network, netns
 from pipelines.voice import Engines
 from tests.conftest import running_server
 from tests.fakes import HashingEmbedder, ScriptedASR, ScriptedLLM, ToneTTS
@@ -56,5 +56,5 @@ async def test_a_short_outage_resumes_by_itself_and_a_lasting_one_ends_the_call_
     network, server = caller_network_server
     figures = await chaos_network.run_blackhole(network, server.base_url, outage_s=5.0, out=tmp_path)
     verdict = chaos_network.judge_blackhole(figures)
-    assert verdict["passed"], verdict["measured"]
+    assert verdict.passed, verdict.measured
     assert server_errors == []

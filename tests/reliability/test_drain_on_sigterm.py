@@ -19,7 +19,7 @@ from pathlib import Path
 import httpx
 import websockets
 
-from latency_bench.chaos_admission import calls_active, phone_caller
+from latency_bench.chaos.admission import calls_active, phone_caller
 from tests.test_bad_input import closed_with
 
 REPO_ROOT = Path(__file__).resolve().parents[2]

@@ -17,9 +17,8 @@ import numpy as np
 import pytest
 import websockets
 
-from latency_bench.audio import mulaw_encode, resample
-from latency_bench.chaos import judge_endless
-from latency_bench.chaos_endless import monologue
+from latency_bench.callers.audio import mulaw_encode, resample
+from latency_bench.chaos.endless import judge, monologue
 from pipelines.voice import Engines
 from tests.conftest import running_server
 from tests.fakes import HashingEmbedder, ScriptedASR, ScriptedLLM, ToneTTS
@@ -97,11 +96,11 @@ def test_the_verdict_is_taken_on_what_the_session_holds_with_the_peak_beside_it(
                "words_transcribed": 1990, "rss_fresh_mb": 670.0, "warmup_s": 40, "rss_before_mb": 730.0,
                "rss_held_mb": 38.0, "rss_growth_mb": 120.0, "rss_after_call_mb": 757.0, "reply_heard": True,
                "ttfs_ms": 2500.0, "error": None}
-    verdict = judge_endless(figures)
+    verdict = judge(figures)
     assert verdict.passed, verdict.measured
     assert "+38.0 MB held through the call, +27.0 MB once it ended, +120.0 MB at the highest sample" in verdict.measured
-    assert not judge_endless(dict(figures, rss_held_mb=70.0)).passed  # the session holds too much
+    assert not judge(dict(figures, rss_held_mb=70.0)).passed  # the session holds too much
     # What is left after the call is the process's (its allocator's); leaks are chaos vanishing's and
     # call-memory's to find. It is reported, not judged here.
-    assert "+70.0 MB once it ended" in judge_endless(dict(figures, rss_after_call_mb=800.0)).measured
-    assert not judge_endless(dict(figures, cuts_within_30s=19)).passed
+    assert "+70.0 MB once it ended" in judge(dict(figures, rss_after_call_mb=800.0)).measured
+    assert not judge(dict(figures, cuts_within_30s=19)).passed

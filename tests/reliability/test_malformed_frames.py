@@ -14,10 +14,10 @@ import httpx
 import pytest
 import websockets
 
-from latency_bench.chaos_malformed import wrong_answers
-from latency_bench.malformed_fuzzer import (CLOSE_NOT_UTF8, CLOSE_POLICY, CLOSE_PROTOCOL_ERROR, Outcome, fuzz_realtime,
-                                            fuzz_twilio, in_child_process, Spread)
-from latency_bench.malformed_messages import FRAME_KINDS, MESSAGE_KINDS, Fault, client_frame, faults
+from latency_bench.chaos.inputs.malformed_fuzzer import (CLOSE_NOT_UTF8, CLOSE_POLICY, CLOSE_PROTOCOL_ERROR, Outcome,
+                                                         fuzz_realtime, fuzz_twilio, in_child_process, Spread)
+from latency_bench.chaos.inputs.malformed_messages import FRAME_KINDS, MESSAGE_KINDS, Fault, client_frame, faults
+from latency_bench.chaos.malformed import wrong_answers
 from pipelines.voice import Engines
 from tests.conftest import running_server
 from tests.fakes import HashingEmbedder, ScriptedASR, ScriptedLLM, ToneTTS

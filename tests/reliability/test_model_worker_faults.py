@@ -14,7 +14,7 @@ from pathlib import Path
 import pytest
 
 from agent.config import StoreConfig
-from latency_bench import chaos_model_failures
+from latency_bench.chaos import model_failures
 from tests.conftest import REPO_ROOT, running_server
 
 pytestmark = [pytest.mark.e2e, pytest.mark.slow]
@@ -45,10 +45,10 @@ async def test_stuck_and_crashed_workers_cost_the_caller_an_apology_and_come_bac
                                                                                   supervisor_log):
     config = replace(default_config, store=StoreConfig(path=str(tmp_path / "calls.sqlite3")),
                      server=replace(default_config.server, max_concurrent_calls=2),
-                     deployment=str(REPO_ROOT / chaos_model_failures.CPU_WORKERS))
+                     deployment=str(REPO_ROOT / model_failures.CPU_WORKERS))
     with running_server(config, None, ready_timeout_s=240) as server:
-        figures = await chaos_model_failures.run(server.base_url, read_log=supervisor_log, faults=FAULTS,
-                                                 deadlines=chaos_model_failures.deadlines_of(config),
+        figures = await model_failures.run(server.base_url, read_log=supervisor_log, faults=FAULTS,
+                                                 deadlines=model_failures.deadlines_of(config),
                                                  baseline_turns=2)
     cases = {case["fault"]: case for case in figures["faults"]}
     assert set(cases) == {"llm stopped", "tts killed"}, figures
@@ -57,12 +57,12 @@ async def test_stuck_and_crashed_workers_cost_the_caller_an_apology_and_come_bac
     assert crashed["answered"] and not crashed["apology"], crashed  # the reply, in the CPU voice
     for case in cases.values():
         assert case["next_turn_answered"], case
-        assert case["back_after_s"] is not None and case["back_after_s"] <= chaos_model_failures.BACK_WITHIN_S, case
+        assert case["back_after_s"] is not None and case["back_after_s"] <= model_failures.BACK_WITHIN_S, case
         # Bounds for a loaded CI machine; the bench reports the figure (pass: 2 s).
         assert case["answer_after_known_ms"] < 5000, case
     # The stuck LLM's failure is known when the server logged giving up. llama-server reports its
     # progress through each prompt, so that is the configured first-token deadline after the
     # request or its last report, never one grown by the prompt's length.
-    stalls = chaos_model_failures.stalls_logged(supervisor_log(), "llm")
+    stalls = model_failures.stalls_logged(supervisor_log(), "llm")
     assert stalls and all(seconds == config.deadlines.llm_first_token_seconds for _, seconds in stalls), stalls
     assert figures["error"] is None and figures["clean_caller"]["during_unanswered"] == 0, figures

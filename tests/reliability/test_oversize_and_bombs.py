@@ -14,7 +14,7 @@ from dataclasses import replace
 import pytest
 import websockets
 
-from latency_bench.chaos_oversize import inflating_media_event
+from latency_bench.chaos.oversize import inflating_media_event
 from pipelines.voice import Engines
 from tests.conftest import running_server
 from tests.fakes import HashingEmbedder, ScriptedASR, ScriptedLLM, ToneTTS

@@ -29,7 +29,8 @@ import pytest
 from agent.query_logs import QueryTextRedactor, masked_query
 from knowledge.chunking import chunk_document
 from knowledge.documents import parse_document
-from latency_bench import chaos_poison, injections, log_scan
+from latency_bench.chaos import poison, log_scan
+from latency_bench.chaos.inputs import injections
 from models.assets import default_cache_dir, resolve_local
 from models.base import ChatMessage, LLMEngine, Sampling
 from pipelines.knowledge_context import (REFERENCE_CLOSE, REFERENCE_OPEN, Passage, neutralised, reference_message,
@@ -142,9 +143,9 @@ def info_log(server):
 
 
 async def test_poisoned_documents_and_turns_leak_nothing(server, info_log, chat_template):
-    figures = await chaos_poison.run(server.base_url, seed=SEED, read_logs=lambda: {"server": "\n".join(info_log)})
-    verdict = chaos_poison.judge(figures)
-    totals = chaos_poison.totals(figures)
+    figures = await poison.run(server.base_url, seed=SEED, read_logs=lambda: {"server": "\n".join(info_log)})
+    verdict = poison.judge(figures)
+    totals = poison.totals(figures)
     assert verdict.passed, verdict.measured
     assert totals["turns"] == 160 and figures["documents"]["a"] + figures["documents"]["b"] == 40
     assert set(figures["turns"]["kinds"]) == set(injections.TURN_KINDS)
@@ -159,14 +160,14 @@ async def test_poisoned_documents_and_turns_leak_nothing(server, info_log, chat_
     text = "\n".join(info_log)
     assert "/search?q=[redacted]&k=20" in text and "call " in text
 
-    p = chaos_poison.plan(SEED)
+    p = poison.plan(SEED)
     prompts = server.app.state.engines.llm.prompts
     b_prompts = [m for m in prompts if m[0]["content"] == p.agent_b["system_prompt"]]
     a_prompts = [m for m in prompts if m[0]["content"] == p.agent_a["system_prompt"]]
     assert len(a_prompts) == figures["turns"]["a"] and len(b_prompts) == figures["turns"]["b"]
     for messages in b_prompts:  # what reached B's model: nothing of A's
-        assert not any(chaos_poison.holds(m["content"], p.canaries.knowledge_marker)
-                       or chaos_poison.holds(m["content"], p.canaries.system_secret) for m in messages)
+        assert not any(poison.holds(m["content"], p.canaries.knowledge_marker)
+                       or poison.holds(m["content"], p.canaries.system_secret) for m in messages)
     fenced = [m for messages in prompts for m in messages if REFERENCE_OPEN in m["content"]]
     assert len(fenced) >= len(prompts) // 2, "most turns were given passages"
     broken = [m for m in fenced if _BROKEN_MARKER.search(m["content"])]
@@ -181,10 +182,10 @@ async def test_a_realtime_session_the_server_hangs_up_goes_on_in_a_new_one(serve
     new session and none is lost or counted twice."""
     config = replace(server_config, limits=replace(server_config.limits, idle_timeout_seconds=0.5))
     engines = Engines(asr=ScriptedASR("hi"), llm=ObedientLLM(delay_s=0.2), tts=ToneTTS(), embedder=HashingEmbedder())
-    p = chaos_poison.plan(SEED, documents_count=2, turns=8)
-    tally = chaos_poison.Tally(p, "b")
+    p = poison.plan(SEED, documents_count=2, turns=8)
+    tally = poison.Tally(p, "b")
     with running_server(config, engines) as running:
-        call_ids = await chaos_poison._realtime(running.ws_url, "default", p.turns_b, tally)
+        call_ids = await poison._realtime(running.ws_url, "default", p.turns_b, tally)
     figures = tally.done()
     assert figures["turns"] == figures["replies"] == len(p.turns_b) and not figures["errors"]
     assert len(call_ids) == 1 + len(figures["sessions_closed_by_server"])
@@ -205,7 +206,7 @@ def test_no_document_or_turn_can_open_a_turn_of_its_own(chat_template):
     """Every generated document, as a passage, and every generated turn, as the caller's words,
     rendered by the shipped model's template: exactly the turns the prompt was built with. The
     role-marker documents open two extra turns each without `neutralised`."""
-    p = chaos_poison.plan(SEED)
+    p = poison.plan(SEED)
     system = {"role": "system", "content": p.agent_a["system_prompt"]}
     for doc in p.documents_a + p.documents_b:
         messages = with_references([system, {"role": "user", "content": "When do you open?"}],
@@ -239,8 +240,8 @@ def test_neutralising_leaves_plain_text_alone():
 
 
 def test_the_generator_is_seeded_and_the_canaries_are_where_they_belong():
-    first, again = chaos_poison.plan(SEED), chaos_poison.plan(SEED)
-    assert first == again and chaos_poison.plan(SEED + 1).canaries != first.canaries
+    first, again = poison.plan(SEED), poison.plan(SEED)
+    assert first == again and poison.plan(SEED + 1).canaries != first.canaries
     secret, marker = first.canaries.system_secret, first.canaries.knowledge_marker
     # The guard treats the secret as one (a model that read it out is redacted).
     assert squashed(secret) in canary_tokens(first.agent_a["system_prompt"])
@@ -252,7 +253,7 @@ def test_the_generator_is_seeded_and_the_canaries_are_where_they_belong():
         owned = [marker in c.text for c in chunks]
         assert all(owned) if doc in first.documents_a else not any(owned), doc.filename  # every chunk shows its owner
     for turn in first.turns_a + first.turns_b:
-        assert not chaos_poison.holds(turn.text, secret) and not chaos_poison.holds(turn.text, marker)
+        assert not poison.holds(turn.text, secret) and not poison.holds(turn.text, marker)
         assert all(s in turn.text for s in turn.sensitive)
     cards = [s for t in first.turns_a + first.turns_b if t.kind == "card" for s in t.sensitive]
     assert cards and all(_luhn(re.sub(r"\D", "", c)) for c in cards)

@@ -1,5 +1,5 @@
 """SDP fuzzing (issue 13, scenario 9), the short version of the bench's sdp-fuzzing scenario
-(latency_bench/chaos_sdp.py): mutated offers on POST /api/offer are refused with a 4xx at
+(latency_bench/chaos/sdp.py): mutated offers on POST /api/offer are refused with a 4xx at
 once and never a 5xx; one that is still a valid offer may be answered 200, and then its call
 ends once the caller hangs up or fails to connect; no call, peer connection or socket is left
 behind. The examples are drawn by hypothesis, derandomized so CI sees the same ones each run,
@@ -22,8 +22,8 @@ from aiortc.sdp import SessionDescription
 from hypothesis import HealthCheck, example, given, settings
 from hypothesis import strategies as st
 
-from latency_bench.sdp_mutations import (BODY_MUTATIONS, MAX_SDP_BYTES, SDP_MUTATIONS, confine_to_loopback,
-                                         fuzzed_offer, mutate, real_offers)
+from latency_bench.chaos.inputs.sdp_mutations import (BODY_MUTATIONS, MAX_SDP_BYTES, SDP_MUTATIONS, confine_to_loopback,
+                                                      fuzzed_offer, mutate, real_offers)
 from agent import calls as agent_calls
 from pipelines.voice import Engines, build_voice_call
 from tests.conftest import running_server

@@ -21,7 +21,7 @@ import websockets
 from uvicorn.config import HTTP_PROTOCOLS
 
 from agent.config import StoreConfig
-from latency_bench import chaos_slow_clients
+from latency_bench.chaos import slow_clients
 from pipelines.voice import Engines
 from tests.conftest import running_server
 from tests.fakes import HashingEmbedder, ScriptedASR, ScriptedLLM, ToneTTS
@@ -95,8 +95,8 @@ async def test_silent_and_trickling_connections_are_closed_at_the_deadline_while
     # Long enough that its last byte comes well after the deadline.
     body = b"{}" + b" " * int(3 * DEADLINE_S / BYTE_INTERVAL_S)
     figures, (status_line, upload_s) = await asyncio.gather(
-        chaos_slow_clients.run(server.base_url, idle=SLOW_CLIENTS, trickle=SLOW_CLIENTS, deadline_s=DEADLINE_S,
-                               slack_s=SLACK_S, trickle_interval_s=BYTE_INTERVAL_S),
+        slow_clients.run(server.base_url, idle=SLOW_CLIENTS, trickle=SLOW_CLIENTS, deadline_s=DEADLINE_S,
+                         slack_s=SLACK_S, trickle_interval_s=BYTE_INTERVAL_S),
         slow_upload(server.base_url, body))
     assert figures["failed_to_open"] == 0, figures
     for kind in ("idle", "trickle"):
@@ -125,11 +125,11 @@ async def after_one_exchange(base_url: str, *, then_trickle: bool) -> float:
         await asyncio.wait_for(reader.readexactly(length), 5)
         answered = loop.time()
         if then_trickle:
-            trickler = asyncio.create_task(chaos_slow_clients.trickle_head(writer, BYTE_INTERVAL_S))
+            trickler = asyncio.create_task(slow_clients.trickle_head(writer, BYTE_INTERVAL_S))
         await asyncio.wait_for(closed_by_server(reader), DEADLINE_S + SLACK_S)
         return loop.time() - answered
     finally:
-        await chaos_slow_clients.stop_trickling(trickler)
+        await slow_clients.stop_trickling(trickler)
         writer.close()
 
 

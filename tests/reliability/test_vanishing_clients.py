@@ -9,7 +9,7 @@ from dataclasses import replace
 
 import pytest
 
-from latency_bench import chaos, chaos_vanishing
+from latency_bench.chaos import vanishing
 from pipelines.voice import Engines
 from tests.conftest import running_server
 from tests.fakes import HashingEmbedder, ScriptedASR, ScriptedLLM, ToneTTS
@@ -25,8 +25,8 @@ def server(server_config):
 
 
 async def test_vanishing_callers_leave_nothing_behind(server):
-    figures = await chaos_vanishing.run(server.base_url, cycles=60, warmup=20)
-    verdict = chaos.judge_vanishing(figures)
+    figures = await vanishing.run(server.base_url, cycles=60, warmup=20)
+    verdict = vanishing.judge(figures)
     assert verdict.passed, verdict.measured
     assert figures["mid_reply_cycles_that_heard_audio"] == 30  # half left while the greeting played
     assert set(figures["end_reasons"]) == {"caller_hung_up"}

@@ -1,0 +1,1 @@
+"""Synthetic callers: speech, what a caller hears, and one caller per transport (phone, WebRTC, Realtime)."""

@@ -1,0 +1,1 @@
+"""Reliability scenarios: what the server survives, each judged by one Verdict (see suite.py)."""

@@ -1,0 +1,1 @@
+"""CPU stand-ins for the Orpheus voice: a tiny random-weight GGUF for llama.cpp and a token server (dev_server)."""

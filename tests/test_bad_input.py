@@ -1,4 +1,9 @@
-"""Bad input gets a clear answer and harms nothing: not the server, not other calls, not the store."""
+"""Bad input gets a clear answer and harms nothing: not the server, not other calls, not the store.
+
+What is tested is the transport, the limits and the store around the models, so the models
+are fakes on the real engine interfaces (tests/fakes.py): a real Silero VAD still hears the
+caller, a scripted ASR and LLM answer and a tone is the voice. Real models on every transport
+are the e2e tests' (tests/test_e2e_*.py)."""
 
 from __future__ import annotations
 
@@ -17,12 +22,25 @@ from loguru import logger
 from latency_bench.callers import twilio_caller
 from latency_bench.callers.audio import mulaw_encode, resample, speak
 from latency_bench.callers.conversation import PlannedTurn
+from pipelines.voice import Engines
 from tests.conftest import running_server
-
-pytestmark = pytest.mark.slow
+from tests.fakes import HashingEmbedder, ScriptedASR, ScriptedLLM, ToneTTS
 
 START = {"event": "start", "start": {"streamSid": "MZbad", "callSid": "CAbad",
                                      "mediaFormat": {"encoding": "audio/x-mulaw", "sampleRate": 8000}}}
+
+
+@pytest.fixture
+def fake_engines() -> Engines:
+    return Engines(asr=ScriptedASR("Tell me a story."),
+                   llm=ScriptedLLM(["Once upon a time, ", "there was a sea. ", "And ships sailed on it."]),
+                   tts=ToneTTS(chunks=20), embedder=HashingEmbedder())
+
+
+@pytest.fixture
+def server(server_config, fake_engines):
+    with running_server(server_config, fake_engines) as running:
+        yield running
 
 
 @pytest.fixture
@@ -95,9 +113,9 @@ async def test_garbage_messages_are_dropped_and_the_call_goes_on(server, server_
     assert server_errors == []
 
 
-async def test_a_flood_of_bad_messages_closes_only_that_call(server_config, embedded_engines, server_errors):
+async def test_a_flood_of_bad_messages_closes_only_that_call(server_config, fake_engines, server_errors):
     config = replace(server_config, limits=replace(server_config.limits, max_bad_messages=5))
-    with running_server(config, embedded_engines) as srv:
+    with running_server(config, fake_engines) as srv:
         good = await open_call(srv.ws_url)
         bad = await open_call(srv.ws_url)
         for _ in range(10):
@@ -140,9 +158,9 @@ async def test_an_oversized_message_closes_the_connection_not_the_server(server,
     assert server_errors == []
 
 
-async def test_calls_beyond_capacity_are_refused_with_try_again_later(server_config, embedded_engines):
+async def test_calls_beyond_capacity_are_refused_with_try_again_later(server_config, fake_engines):
     config = replace(server_config, server=replace(server_config.server, max_concurrent_calls=1))
-    with running_server(config, embedded_engines) as srv:
+    with running_server(config, fake_engines) as srv:
         first = await open_call(srv.ws_url)
         await asyncio.sleep(0.2)
         second = await websockets.connect(f"{srv.ws_url}/ws/twilio")
@@ -155,9 +173,10 @@ async def test_calls_beyond_capacity_are_refused_with_try_again_later(server_con
         await closed_with(first)
 
 
-async def test_a_call_is_hung_up_at_its_maximum_duration(server_config, embedded_engines, server_errors):
+@pytest.mark.slow
+async def test_a_call_is_hung_up_at_its_maximum_duration(server_config, fake_engines, server_errors):
     config = replace(server_config, limits=replace(server_config.limits, max_call_seconds=1.5))
-    with running_server(config, embedded_engines) as srv:
+    with running_server(config, fake_engines) as srv:
         ws = await open_call(srv.ws_url)
         code, _ = await closed_with(ws, timeout_s=10)
         assert code is not None  # the server ended it; the caller did nothing
@@ -169,9 +188,10 @@ async def test_a_call_is_hung_up_at_its_maximum_duration(server_config, embedded
     assert not [r for r in server_errors if "Traceback" in r or "[traceback]" in r]
 
 
-async def test_a_silent_call_is_hung_up_after_the_idle_timeout(server_config, embedded_engines, server_errors):
+@pytest.mark.slow
+async def test_a_silent_call_is_hung_up_after_the_idle_timeout(server_config, fake_engines, server_errors):
     config = replace(server_config, limits=replace(server_config.limits, idle_timeout_seconds=1.5))
-    with running_server(config, embedded_engines) as srv:
+    with running_server(config, fake_engines) as srv:
         ws = await open_call(srv.ws_url)
         code, _ = await closed_with(ws, timeout_s=15)
         assert code is not None
@@ -213,6 +233,7 @@ async def test_ice_candidates_for_an_unknown_connection_are_404(server):
         assert r.status_code == 400
 
 
+@pytest.mark.slow
 async def test_a_caller_who_vanishes_mid_reply_leaves_a_stored_turn_and_a_healthy_server(server, server_errors):
     samples, rate = speak("Please tell me a long story about the sea and the ships on it.")
     question = resample(samples, rate, twilio_caller.PHONE_RATE)

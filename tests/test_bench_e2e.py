@@ -1,4 +1,10 @@
-"""latency_bench against real servers on loopback: Cadence (every transport) and the stock baseline."""
+"""latency_bench against real servers on loopback: Cadence (every transport) and the stock baseline.
+
+What is tested is the bench: its callers on every transport, what they measure, and how
+their turns are joined with the server's records. So Cadence's models are fakes on the real
+engine interfaces (a scripted ASR and LLM, a sine for a voice; the VAD is real and hears the
+callers' spoken questions); the real models on every transport are the e2e tests'
+(tests/test_e2e_*.py). The stock baseline runs its real models (`system`: `make test-system`)."""
 
 from __future__ import annotations
 
@@ -12,8 +18,21 @@ import pytest
 from latency_bench import servers
 from latency_bench.load import runner
 from latency_bench.load.runner import Scenario
+from pipelines.voice import Engines
+from tests.conftest import running_server
+from tests.fakes import HashingEmbedder, ScriptedASR, ScriptedLLM, ToneTTS
 
 pytestmark = [pytest.mark.e2e, pytest.mark.slow]
+
+
+@pytest.fixture
+def server(server_config):
+    # A reply of two sentences, ~1 s of audio each: long enough to be talked over (barge-in).
+    engines = Engines(asr=ScriptedASR("What time do you open on Saturdays?"),
+                      llm=ScriptedLLM(["We open at nine. ", "We close at noon on Saturdays."], delay_s=0.05),
+                      tts=ToneTTS(chunks=10, frequency_hz=440.0), embedder=HashingEmbedder())
+    with running_server(server_config, engines) as running:
+        yield running
 
 
 def assert_every_turn_answered_and_joined(level: dict, *, turns: int) -> None:
@@ -86,6 +105,7 @@ def test_the_cli_refuses_bad_arguments_with_a_message():
     assert done.returncode == 2 and "--callers, --turns and --runs must be at least 1" in done.stderr
 
 
+@pytest.mark.system
 async def test_the_stock_pipecat_baseline_answers_a_phone_call(tmp_path):
     with servers.stock_pipecat(tmp_path) as url:
         results = await runner.run(Scenario(url=url, transport="twilio", turns=1), [1], progress=False)

@@ -33,6 +33,7 @@ def cadence(*args: str, stdin: str = "") -> subprocess.CompletedProcess:
                           text=True, timeout=120, cwd=REPO_ROOT)
 
 
+@pytest.mark.slow
 def test_agents_apply_list_show_chat_and_ingest(url, tmp_path):
     agent_file = tmp_path / "bakery.yaml"
     agent_file.write_text("name: bakery\nsystem_prompt: You take bread orders.\ngreeting: Hello, bakery!\n")
@@ -56,6 +57,7 @@ def test_agents_apply_list_show_chat_and_ingest(url, tmp_path):
     assert "We open at eight." in out.getvalue() and "menu.md" in out.getvalue()
 
 
+@pytest.mark.slow
 def test_bad_files_and_unknown_agents_get_a_clear_message_and_a_nonzero_exit(url, tmp_path):
     bad = tmp_path / "bad.yaml"
     bad.write_text("name: bad\nsystem_prompt: p\nllm: {top_p: 9}\n")

@@ -185,6 +185,7 @@ async def test_a_silent_stream_is_closed_and_its_slot_freed(snac):
         await until(lambda: app.state.worker.in_flight == 0)
 
 
+@pytest.mark.slow
 async def test_load_refuses_a_worker_that_is_not_a_codec_or_not_there(snac):
     from tests.fakes_workers import GatedEmbedder
 
@@ -267,6 +268,7 @@ async def test_a_codec_worker_process_killed_mid_stream_is_reported_within_two_s
 
 # --- the agent server's side ------------------------------------------------------------------
 
+@pytest.mark.slow
 async def test_the_engine_factory_points_the_orpheus_voice_at_the_codec_worker(snac, default_config):
     from dataclasses import replace
 
@@ -291,6 +293,7 @@ async def test_the_engine_factory_points_the_orpheus_voice_at_the_codec_worker(s
         assert len(audio) > 0 and sum(app.state.worker.engine.batch_record.counts) > 0
 
 
+@pytest.mark.slow
 @pytest.mark.e2e
 async def test_a_call_speaks_through_a_codec_worker_the_server_started(default_config, tmp_path):
     from dataclasses import replace

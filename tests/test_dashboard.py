@@ -277,6 +277,7 @@ async def read_events(lines: AsyncIterator[str], until: str, timeout_s: float = 
     raise AssertionError(f"stream ended before a {until!r} event: {events}")
 
 
+@pytest.mark.slow
 async def test_the_stream_sends_status_then_each_published_turn_and_frees_its_slot_on_disconnect(fake_config):
     async with served(fake_config) as s:
         hub: TurnEvents = s.app.state.events

@@ -9,6 +9,7 @@ import subprocess
 import sys
 
 import httpx
+import pytest
 
 from agent.gc_pauses import GcPauseWatch
 from latency_bench.chaos.server_figures import full_collections, metric_value
@@ -46,6 +47,7 @@ def _collect_at_depth(frames_left: int) -> None:
     _collect_at_depth(frames_left - 1)
 
 
+@pytest.mark.slow
 def test_a_collection_at_the_end_of_a_deep_recursion_is_no_error_out_of_the_collector(monkeypatch):
     """Found by make test: the malformed-frames fuzzer's deeply nested JSON made a collection in
     the last frames of the parser's recursion, and the callback's RecursionError came out of the
@@ -99,6 +101,7 @@ def test_a_frozen_server_scans_nothing_startup_made():
     assert after < before / 5, (before, after)
 
 
+@pytest.mark.slow
 async def test_a_server_process_freezes_once_loaded_and_reports_its_collections(tmp_path):
     async with server_process(tmp_path, grace_s=1) as (_, port, _):
         async with httpx.AsyncClient(base_url=f"http://127.0.0.1:{port}") as http:

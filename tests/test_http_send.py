@@ -107,6 +107,7 @@ def _client(url: str) -> httpx.AsyncClient:
                              timeout=httpx.Timeout(5.0, pool=0.5))
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("cancel_at_every_step", [_cancel_sends_at_every_step, _cancel_reads_at_every_step],
                          ids=["sends", "reads"])
 async def test_cancelled_detached_sends_and_reads_leave_the_pool_free_and_no_connection_open(cancel_at_every_step):
@@ -155,6 +156,7 @@ async def test_the_leak_in_reads_cancelled_twice_is_real_in_this_httpcore():
             await _plain_send(client, client.build_request("GET", "/"))
 
 
+@pytest.mark.slow
 async def test_a_read_cancelled_withdraws_the_request_at_once_even_with_the_response_left_open():
     server = OneShotServer(body_after_s=0.5)
     async with server as url, _client(url) as client:

@@ -191,6 +191,7 @@ def _imported_layers(modules: list[str]) -> set[str]:
     return set(done.stdout.split())
 
 
+@pytest.mark.slow
 def test_models_import_nothing_from_the_layers_above():
     # Every module of models/: the Orpheus token server stand-in that tests run (a web server by
     # design) lives in the bench (latency_bench/components/orpheus_standins/dev_server.py).
@@ -199,6 +200,7 @@ def test_models_import_nothing_from_the_layers_above():
     assert _imported_layers(modules) == set()
 
 
+@pytest.mark.slow
 def test_workers_import_neither_the_web_server_nor_the_pipeline():
     if not (ROOT / "workers").is_dir():
         raise AssertionError("workers/ package missing")

@@ -82,6 +82,7 @@ async def test_a_stream_that_stops_part_way_stalls_at_the_gap_deadline_after_its
     assert got == ["a", "b"] and stream.closed
 
 
+@pytest.mark.slow
 async def test_the_consumers_own_time_does_not_count_against_the_stream():
     limits = StallLimits(DEADLINE_S, DEADLINE_S)
     got = []
@@ -205,6 +206,7 @@ class PrefillingLLM(LLMEngine):
         yield "We open at nine."
 
 
+@pytest.mark.slow
 async def test_a_long_prompt_being_read_is_not_taken_for_a_stalled_model():
     engine = PrefillingLLM(seconds_per_kchar=DEADLINE_S)  # 4,000 characters: 0.8 s before the first token
 
@@ -255,6 +257,7 @@ async def _shaped(engine: LLMEngine, limits: StallLimits, prompt_chars: int = 40
     return "".join([p async for p in pieces])
 
 
+@pytest.mark.slow
 async def test_a_prompt_read_with_progress_is_watched_batch_by_batch_not_by_its_length():
     limits = StallLimits(DEADLINE_S, DEADLINE_S / 2, first_per_kchar_s=DEADLINE_S)  # 4,000 characters: +0.8 s
     # Read for 8 x 0.15 s, far past the plain first-piece deadline (0.2 s), each batch within it: heard.
@@ -383,6 +386,7 @@ class HangingTTS(TTSEngine):
             self.closed += 1
 
 
+@pytest.mark.slow
 async def test_a_sentence_whose_voice_stalls_is_skipped_and_the_next_is_still_tried():
     engine = HangingTTS()
     service = EngineTTSService(engine, voice="v", stall_limits=StallLimits(DEADLINE_S, DEADLINE_S))
@@ -439,6 +443,7 @@ class HangsFirstLLM(ScriptedLLM):
             yield piece
 
 
+@pytest.mark.slow
 @pytest.mark.e2e
 async def test_a_call_hears_an_apology_for_a_lost_transcript_and_a_stuck_reply_then_a_real_answer(server_config):
     # One transcription per turn (no guesses at pauses), so "the first" is the first turn's.

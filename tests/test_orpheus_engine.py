@@ -37,6 +37,7 @@ def test_long_sentences_are_split_at_clause_breaks_under_the_request_limit():
     assert split_long_text("x" * 700, MAX_REQUEST_CHARS) == ["x" * 300, "x" * 300, "x" * 100]  # no space at all
 
 
+@pytest.mark.slow
 async def test_the_in_process_source_speaks_well_formed_frames_and_stops():
     source = InProcessTokenSource(seed=1)
     ids = prompt_ids(byte_tokenizer, "tara", "Hello there, how are you today?")

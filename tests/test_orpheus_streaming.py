@@ -275,6 +275,7 @@ async def test_the_batcher_stops_waiting_once_every_open_stream_is_in(snac):
         await service.close()
 
 
+@pytest.mark.system
 @pytest.mark.slow
 def test_the_codec_bench_prints_the_side_by_side_figures():
     import json

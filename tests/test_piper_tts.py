@@ -71,6 +71,7 @@ async def test_a_run_on_sentence_is_said_in_pieces_no_longer_than_the_configured
     assert len(audio) / 2 / engine.sample_rate > 10  # the whole sentence is spoken: ~20 s
 
 
+@pytest.mark.system
 def test_sentences_of_new_lengths_do_not_grow_memory():
     """Before: ONNX Runtime kept a memory plan and its blocks for every phoneme count the voice
     met (+29 to +163 MB over these 50 sentences, run to run), and every reply sentence is a new one.

@@ -139,6 +139,7 @@ class ReportingWarmLLM(SlowWarmLLM):
         self.events.append("warm done")
 
 
+@pytest.mark.slow
 async def test_a_warm_up_reporting_progress_is_waited_for_as_long_as_reports_come_and_no_longer():
     # 6 reports 0.1 s apart: 0.6 s of reading, three times the 0.2 s deadline, never 0.2 s silent
     engine = ReportingWarmLLM(["We open at nine."], reports=6, every_s=0.1)

@@ -92,6 +92,7 @@ async def test_text_modality_replies_without_audio(server):
         assert text.startswith("We open at eight.") and done.response.status == "completed"
 
 
+@pytest.mark.slow
 async def test_manual_commits_transcribe_the_buffer_and_wait_for_response_create(server):
     async with realtime_session(server.base_url, api_key=KEY) as rt:
         await rt.connection.session.update(session={"type": "realtime", "audio": {"input": {"turn_detection": None}}})

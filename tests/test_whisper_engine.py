@@ -111,6 +111,7 @@ def rss_growth_over_new_lengths(passes: int) -> float:
     return rss_mb() - before
 
 
+@pytest.mark.system
 def test_a_new_input_length_every_pass_does_not_grow_memory():
     """Before: oneDNN kept ~1.5 MB of primitives per input length (+60 MB over these 40 passes),
     and nearly every turn is a new length: the soak's growth. In a process of its own: the

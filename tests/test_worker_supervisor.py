@@ -36,6 +36,7 @@ async def _until_restarted(supervisor: WorkerSupervisor, restarts: int, timeout_
             await asyncio.sleep(0.05)
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("fault", [signal.SIGKILL, signal.SIGSTOP], ids=["crashed", "stuck"])
 async def test_a_worker_that_crashes_or_gets_stuck_is_restarted(tmp_path, fault):
     supervisor = WorkerSupervisor([_launch()], log_dir=tmp_path, options=FAST)
@@ -51,6 +52,7 @@ async def test_a_worker_that_crashes_or_gets_stuck_is_restarted(tmp_path, fault)
         await supervisor.stop()
 
 
+@pytest.mark.slow
 async def test_a_worker_that_answers_is_left_alone(tmp_path):
     supervisor = WorkerSupervisor([_launch()], log_dir=tmp_path, options=FAST)
     await supervisor.start()

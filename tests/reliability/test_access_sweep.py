@@ -89,6 +89,7 @@ def test_every_route_that_changes_something_is_classified(server_config):
         ("MOUNT", "/uploads"), ("POST", "/api/agents/{name}/clone"), ("WS", "/ws/other")]
 
 
+@pytest.mark.slow
 async def test_bad_credentials_are_refused_everywhere_and_none_is_logged(keyed, server_log):
     routes = access_routes.mutating_routes(keyed.app)
     assert await access_routes.routes_from_openapi(keyed.base_url) == routes  # the bench finds the same

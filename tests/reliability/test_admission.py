@@ -38,6 +38,7 @@ async def test_sockets_that_never_start_hold_no_slot_and_are_closed_at_the_hands
     assert figures["max_close_s"] < HANDSHAKE_TIMEOUT_S + 1.0
 
 
+@pytest.mark.slow
 async def test_the_cap_plus_fifty_callers_admit_exactly_the_cap_and_refuse_the_rest_at_once(server):
     figures = await admission.run_burst(server.base_url, cap=CAP, extra=50)
     verdict = admission.judge_admission(figures)

@@ -41,6 +41,7 @@ def assert_owed(figures: dict) -> None:
     assert figures["server_healthy_after"]
 
 
+@pytest.mark.slow
 async def test_bad_audio_is_survived_and_the_next_good_audio_answered(server_config, server_errors):
     with running_server(server_config, fake_engines()) as server:
         figures = await bad_audio.run(server.base_url, bad_seconds=BAD_SECONDS, quiet_s=QUIET_S,
@@ -61,6 +62,7 @@ async def test_bad_audio_is_survived_and_the_next_good_audio_answered(server_con
     assert server_errors == []
 
 
+@pytest.mark.slow
 async def test_silence_is_hung_up_at_the_idle_timeout_and_told_why(server_config, server_errors):
     """Found by this scenario: the idle close was a bare 1000, read by the client as a normal end."""
     config = replace(server_config, limits=replace(server_config.limits, idle_timeout_seconds=IDLE_TIMEOUT_S))

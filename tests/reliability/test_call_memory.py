@@ -23,6 +23,7 @@ def server(server_config):
         yield running
 
 
+@pytest.mark.slow
 async def test_every_call_is_live_and_answered_while_its_memory_is_read(server):
     figures = await call_memory.run(server.base_url, calls=3, hold_s=8.0)
     verdict = call_memory.judge(figures)

@@ -22,7 +22,7 @@ from tests.conftest import running_server
 from tests.fakes import HashingEmbedder, ScriptedASR, ScriptedLLM, ToneTTS
 from tests.test_bad_input import server_errors  # noqa: F401 - a fixture
 
-pytestmark = [pytest.mark.e2e, pytest.mark.slow]
+pytestmark = [pytest.mark.e2e, pytest.mark.slow, pytest.mark.system]
 if os.geteuid() != 0:
     pytestmark.append(pytest.mark.skip(reason="network namespaces need root; CI runs as root"))
 

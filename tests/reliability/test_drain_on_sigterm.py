@@ -17,6 +17,7 @@ from contextlib import asynccontextmanager
 from pathlib import Path
 
 import httpx
+import pytest
 import websockets
 
 from latency_bench.chaos.admission import calls_active, phone_caller
@@ -69,6 +70,7 @@ def stored_calls(db: Path) -> list[tuple[str, float | None, str | None]]:
         return connection.execute("SELECT external_id, ended_at, end_reason FROM calls ORDER BY external_id").fetchall()
 
 
+@pytest.mark.slow
 async def test_sigterm_drains_live_calls_then_exits_zero(tmp_path):
     async with server_process(tmp_path, grace_s=30) as (process, port, db):
         base, ws_url = f"http://127.0.0.1:{port}", f"ws://127.0.0.1:{port}"
@@ -99,6 +101,7 @@ async def test_sigterm_drains_live_calls_then_exits_zero(tmp_path):
     assert all(ended is not None for _, ended, _ in calls)
 
 
+@pytest.mark.slow
 async def test_calls_still_live_when_the_grace_runs_out_are_ended_as_server_shutdown(tmp_path):
     async with server_process(tmp_path, grace_s=1.0) as (process, port, db):
         live = await open_calls(f"http://127.0.0.1:{port}", 2)
@@ -115,6 +118,7 @@ async def test_calls_still_live_when_the_grace_runs_out_are_ended_as_server_shut
     assert all(ended is not None for _, ended, _ in calls)
 
 
+@pytest.mark.slow
 async def test_a_second_signal_stops_at_once(tmp_path):
     async with server_process(tmp_path, grace_s=60) as (process, port, db):
         live = await open_calls(f"http://127.0.0.1:{port}", 1)

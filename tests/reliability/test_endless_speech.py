@@ -58,6 +58,7 @@ async def _send(ws, samples: np.ndarray, *, frames_per_tick: int) -> None:
             await asyncio.sleep(0.02)
 
 
+@pytest.mark.slow
 async def test_a_caller_who_talks_on_is_cut_and_transcribed_every_window_and_still_answered(server, engines,
                                                                                          server_errors):
     speech, rate, _ = monologue(SPEECH_S)

@@ -75,6 +75,7 @@ def _check(outcomes: list[Outcome]) -> None:
     assert wrong_answers(outcomes) == []
 
 
+@pytest.mark.slow
 async def test_realtime_answers_every_malformed_event_and_closes_past_the_budget(server, server_errors):
     bystander = await open_call(server.ws_url)
     outcomes = await fuzz_realtime(server.base_url, faults("realtime", 120, seed=1), budget=BUDGET)
@@ -89,6 +90,7 @@ async def test_realtime_answers_every_malformed_event_and_closes_past_the_budget
     assert server_errors == []
 
 
+@pytest.mark.slow
 async def test_spread_out_realtime_faults_never_leave_a_session_waiting_long_enough_to_be_hung_up(
         server_config, server_errors):
     """Found by the full scenario once its connections were spread: a session of message faults

@@ -17,7 +17,7 @@ from agent.config import StoreConfig
 from latency_bench.chaos import model_failures
 from tests.conftest import REPO_ROOT, running_server
 
-pytestmark = [pytest.mark.e2e, pytest.mark.slow]
+pytestmark = [pytest.mark.e2e, pytest.mark.slow, pytest.mark.system]
 
 FAULTS = (("llm", "stopped"), ("tts", "killed"))
 

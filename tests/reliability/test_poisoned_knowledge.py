@@ -142,6 +142,7 @@ def info_log(server):
         each.removeHandler(handler)
 
 
+@pytest.mark.slow
 async def test_poisoned_documents_and_turns_leak_nothing(server, info_log, chat_template):
     figures = await poison.run(server.base_url, seed=SEED, read_logs=lambda: {"server": "\n".join(info_log)})
     verdict = poison.judge(figures)
@@ -176,6 +177,7 @@ async def test_poisoned_documents_and_turns_leak_nothing(server, info_log, chat_
         _assert_sealed(messages, chat_template)
 
 
+@pytest.mark.slow
 async def test_a_realtime_session_the_server_hangs_up_goes_on_in_a_new_one(server_config):
     """The server ends a session in which nobody has spoken for the idle timeout, though text
     turns keep it busy (pipecat's idle frames are speech frames): the bench's turns go on in a
@@ -202,6 +204,7 @@ def _assert_sealed(messages: list[ChatMessage], chat_template) -> None:
     assert (starts, ends) == (len(messages) + 1, len(messages)), [m["content"][:120] for m in messages]
 
 
+@pytest.mark.slow
 def test_no_document_or_turn_can_open_a_turn_of_its_own(chat_template):
     """Every generated document, as a passage, and every generated turn, as the caller's words,
     rendered by the shipped model's template: exactly the turns the prompt was built with. The

@@ -90,6 +90,7 @@ async def slow_upload(base_url: str, body: bytes) -> tuple[bytes, float]:
         writer.close()
 
 
+@pytest.mark.slow
 async def test_silent_and_trickling_connections_are_closed_at_the_deadline_while_others_are_served(server):
     before = await head_timeouts(server.base_url)
     # Long enough that its last byte comes well after the deadline.
@@ -142,6 +143,7 @@ async def test_a_keep_alive_connection_idle_or_trickling_after_its_answer_is_clo
     assert DEADLINE_S - EARLY_S <= trickle_s <= DEADLINE_S + SLACK_S, trickle_s
 
 
+@pytest.mark.slow
 async def test_a_websocket_and_an_event_stream_outlive_the_deadline(server):
     loop = asyncio.get_running_loop()
     ws = await websockets.connect(f"{server.ws_url}/ws/twilio", open_timeout=5)

@@ -19,7 +19,7 @@ from tests.conftest import running_server
 from tests.fakes import HashingEmbedder, ScriptedASR, ScriptedLLM, ToneTTS
 from tests.test_bad_input import server_errors  # noqa: F401 - a fixture
 
-pytestmark = [pytest.mark.e2e, pytest.mark.slow]
+pytestmark = [pytest.mark.e2e, pytest.mark.slow, pytest.mark.system]
 
 MINUTES = 3.0
 

@@ -24,6 +24,7 @@ def server(server_config):
         yield running
 
 
+@pytest.mark.slow
 async def test_vanishing_callers_leave_nothing_behind(server):
     figures = await vanishing.run(server.base_url, cycles=60, warmup=20)
     verdict = vanishing.judge(figures)

@@ -4,7 +4,9 @@ What is tested is the bench: its callers on every transport, what they measure, 
 their turns are joined with the server's records. So Cadence's models are fakes on the real
 engine interfaces (a scripted ASR and LLM, a sine for a voice; the VAD is real and hears the
 callers' spoken questions); the real models on every transport are the e2e tests'
-(tests/test_e2e_*.py). The stock baseline runs its real models (`system`: `make test-system`)."""
+(tests/test_e2e_*.py). The Realtime caller's barge-in runs on the real models: that way in
+sends a reply's audio as fast as it is made, so only a reply written at a model's pace is still
+being sent when the caller talks over it. The stock baseline runs its real models (`system`: `make test-system`)."""
 
 from __future__ import annotations
 
@@ -26,10 +28,12 @@ pytestmark = [pytest.mark.e2e, pytest.mark.slow]
 
 
 @pytest.fixture
-def server(server_config):
-    # A reply of two sentences, ~1 s of audio each: long enough to be talked over (barge-in).
+def fake_server(server_config):
+    # A reply of five sentences written over ~2 s, as a model writes it, with ~1 s of audio each:
+    # still being sent when a barge-in talks over it (the Realtime way in sends audio as it comes).
     engines = Engines(asr=ScriptedASR("What time do you open on Saturdays?"),
-                      llm=ScriptedLLM(["We open at nine. ", "We close at noon on Saturdays."], delay_s=0.05),
+                      llm=ScriptedLLM(["We open at nine. ", "We close at noon on Saturdays. ", "Sundays we rest. ",
+                                       "Call us on a weekday. ", "Thank you for calling."], delay_s=0.4),
                       tts=ToneTTS(chunks=10, frequency_hz=440.0), embedder=HashingEmbedder())
     with running_server(server_config, engines) as running:
         yield running
@@ -47,8 +51,8 @@ def assert_every_turn_answered_and_joined(level: dict, *, turns: int) -> None:
         assert -50 < turn["ttfs_ms"] - server["ttfs_ms"] < 500, (turn["ttfs_ms"], server["ttfs_ms"])
 
 
-async def test_two_phone_callers_are_measured_and_joined_with_the_server_stages(server):
-    results = await runner.run(Scenario(url=server.base_url, transport="twilio", turns=2, stagger_s=0.3), [2],
+async def test_two_phone_callers_are_measured_and_joined_with_the_server_stages(fake_server):
+    results = await runner.run(Scenario(url=fake_server.base_url, transport="twilio", turns=2, stagger_s=0.3), [2],
                                progress=False)
     level, = results["levels"]
     assert level["callers"] == 2
@@ -59,10 +63,10 @@ async def test_two_phone_callers_are_measured_and_joined_with_the_server_stages(
     assert stages["asr_final"]["p50"] < stages["llm_first_token"]["p50"] < stages["first_audio_sent"]["p50"]
 
 
-async def test_a_webrtc_caller_is_measured_and_joined(server, monkeypatch):
+async def test_a_webrtc_caller_is_measured_and_joined(fake_server, monkeypatch):
     # As in test_e2e_webrtc: both peers gather 127.0.0.1 only, so the call stays on loopback.
     monkeypatch.setattr(aioice.ice, "get_host_addresses", lambda use_ipv4, use_ipv6: ["127.0.0.1"] if use_ipv4 else [])
-    results = await runner.run(Scenario(url=server.base_url, transport="webrtc", turns=2), [1], progress=False)
+    results = await runner.run(Scenario(url=fake_server.base_url, transport="webrtc", turns=2), [1], progress=False)
     assert_every_turn_answered_and_joined(results["levels"][0], turns=2)
 
 
@@ -77,8 +81,8 @@ async def test_a_realtime_caller_is_measured_and_joined_and_its_barge_in_stops_t
         assert turn["server"] is not None and -50 < turn["ttfs_ms"] - turn["server"]["ttfs_ms"] < 500, turn
 
 
-async def test_a_barge_in_turn_reports_when_the_reply_stopped(server):
-    results = await runner.run(Scenario(url=server.base_url, transport="twilio", turns=3, barge_in_every=2), [1],
+async def test_a_barge_in_turn_reports_when_the_reply_stopped(fake_server):
+    results = await runner.run(Scenario(url=fake_server.base_url, transport="twilio", turns=3, barge_in_every=2), [1],
                                progress=False)
     turns = results["levels"][0]["turns"]
     assert [t["barged_in"] for t in turns] == [False, True, False]
@@ -86,9 +90,9 @@ async def test_a_barge_in_turn_reports_when_the_reply_stopped(server):
     assert turns[2]["ttfs_ms"] is not None
 
 
-def test_the_cli_writes_results_and_plots(server, tmp_path):
+def test_the_cli_writes_results_and_plots(fake_server, tmp_path):
     out = tmp_path / "bench"
-    done = subprocess.run([sys.executable, "-m", "latency_bench", "run", "--url", server.base_url, "--callers", "1",
+    done = subprocess.run([sys.executable, "-m", "latency_bench", "run", "--url", fake_server.base_url, "--callers", "1",
                            "--turns", "1", "--out", str(out), "--quiet"], capture_output=True, text=True, timeout=120)
     assert done.returncode == 0, done.stderr
     printed = json.loads(done.stdout)

@@ -23,7 +23,8 @@ import torch
 
 from models.orpheus.decode_service import DecodeServiceConfig, SnacDecodeService
 from models.orpheus.snac_decoder import LATENT_STEPS_PER_FRAME, SnacDecoder, frames_tensor, load_snac, snr_db
-from models.orpheus.snac_stream import SnacStreamer, frames_for_exact_audio_past
+from models.orpheus.snac_stream import SnacStreamer
+from models.orpheus.start_plan import frames_for_exact_audio_past
 from models.orpheus.streaming import FRAME_SECONDS, StreamPlan, StreamStats, stream_audio
 from models.orpheus.tokens import (CODEBOOK_SIZE, END_OF_SPEECH, FRAME_TOKENS, SAMPLES_PER_FRAME, frames_to_levels,
                                    snac_codes_to_tokens)

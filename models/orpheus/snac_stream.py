@@ -33,12 +33,6 @@ from models.orpheus.snac_decoder import LATENT_STEPS_PER_FRAME, PositionLockedNo
 from models.orpheus.tokens import FRAME_TOKENS, SAMPLES_PER_FRAME
 
 
-def frames_for_exact_audio_past(sample: int, delay_samples: int) -> int:
-    """Frames fed before the exact stream's audio reaches past `sample` (it trails the
-    codes by `delay_samples`)."""
-    return (sample + delay_samples) // SAMPLES_PER_FRAME + 1
-
-
 @dataclass
 class StreamState:
     """One stream's decoder state. Owned by one stream, stepped by one decode at a time."""

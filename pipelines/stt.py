@@ -42,7 +42,7 @@ import asyncio
 import contextlib
 import logging
 import time
-from collections.abc import AsyncGenerator, Callable
+from collections.abc import AsyncGenerator
 from dataclasses import dataclass
 
 from pipecat.frames.frames import (
@@ -65,8 +65,10 @@ from models.stalls import failure_kind
 from models.scheduling import answer_within, wanted_in
 from models.base import ASREngine, Transcript
 from models.hallucination import MAX_COMPRESSION_RATIO, compression_ratio, repeats_itself, too_fast
+from pipelines.call_events import CallEvents
 from pipelines.frames import (CallerSpeechEndFrame, SpeculativeTranscriptFrame, TranscriptLostFrame,
                               TurnPartTranscriptionFrame)
+from pipelines.options import STTOptions
 from pipelines.pause_judge import PauseJudge
 from pipelines.speech_end import quietest_point, silent_tail_seconds
 from pipelines.transcript_plan import AudioStep, TranscriptPlan
@@ -120,51 +122,33 @@ class _Speculation:
 
 
 class EngineSTTService(EagerEndOfTurnSTTServiceMixin, SegmentedSTTService):
-    def __init__(self, engine: ASREngine, *, max_segment_seconds: float, clock=time.time,
-                 speculation_lead_s: float | None = 0.0, partial_every_s: float = 0.0,
-                 on_rejected: Callable[[str], None] = lambda reason: None,
-                 on_partial: Callable[[str], None] = lambda text: None,
-                 on_long_turn_cut: Callable[[float], None] = lambda seconds: None,
-                 pause_judge: PauseJudge | None = None, eager_reply: bool = False,
-                 transcript_deadline_s: Callable[[float], float] | None = None,
-                 on_lost: Callable[[str], None] = lambda kind: None, **kwargs) -> None:
-        """`speculation_lead_s`: when a guess made at a pause is wanted (the turn's end);
-        None leaves guesses in arrival order with every other request. `partial_every_s`:
-        streaming partials every that much new speech (0: none). `on_rejected(reason)`:
-        told of every transcript the plausibility check drops; `on_partial(text)`, of every
-        partial transcript and, with partials on, of the guess made at a pause; `on_long_turn_cut(seconds)`, of every cut of a long turn (the length of
-        the part cut off). `pause_judge`: decides each pause's length (None: the VAD's own).
-        `eager_reply`: answer the speculative transcript while the VAD waits (held until
-        the turn ends). `transcript_deadline_s(seconds of audio)`: how long a turn's
-        transcript may take before it is given up and the caller asked to say it again
-        (None: as long as the engine takes). `on_lost(kind)`: told of every transcript lost
-        (kind: stalled or error)."""
+    def __init__(self, engine: ASREngine, options: STTOptions, *, events: CallEvents | None = None,
+                 pause_judge: PauseJudge | None = None, clock=time.time, **kwargs) -> None:
+        """`events`: told of every transcript the plausibility check drops, every partial (and,
+        with partials on, the guess made at a pause), every cut of a long turn and every
+        transcript lost. `pause_judge`: decides each pause's length (None: the VAD's own)."""
         super().__init__(
-            enable_eager_end_of_turn=eager_reply,
+            enable_eager_end_of_turn=options.eager_reply,
             sample_rate=engine.sample_rate,
             trailing_silence_secs=0.0,
             settings=STTSettings(model=None, language=None),
             **kwargs,
         )
         self._engine = engine
-        self._max_segment_bytes = int(max_segment_seconds * engine.sample_rate) * _PCM16_BYTES
+        self._options = options
+        self._events = events if events is not None else CallEvents()
+        self._max_segment_bytes = int(options.max_segment_seconds * engine.sample_rate) * _PCM16_BYTES
         self._plan = TranscriptPlan(max_segment_bytes=self._max_segment_bytes,
-                                    partial_every_bytes=int(partial_every_s * engine.sample_rate) * _PCM16_BYTES)
+                                    partial_every_bytes=int(options.partial_every_s * engine.sample_rate) * _PCM16_BYTES)
         self._clock = clock
         self._last_audio_at = 0.0  # when the newest buffered audio arrived
-        self._speculation_lead_s = speculation_lead_s  # from a pause to the turn's end: VAD stop - speculation start
         self._speculation: _Speculation | None = None
         self.speculations_used = 0
         self.speculations_dropped = 0
         self._partial: asyncio.Task | None = None
-        self._on_rejected = on_rejected
-        self._on_partial = on_partial
-        self._on_long_turn_cut = on_long_turn_cut
         self._pause_judge = pause_judge
         self.partials_pushed = 0
-        self._transcript_deadline_s = transcript_deadline_s
         self.transcripts_lost = 0
-        self._on_lost = on_lost
 
     def speech_paused(self) -> None:
         """The caller went quiet mid-turn: start transcribing what we have. No partial pass
@@ -186,7 +170,7 @@ class EngineSTTService(EagerEndOfTurnSTTServiceMixin, SegmentedSTTService):
     async def _speculate(self, audio: bytes, settled: str, voice: asyncio.Task | None) -> Transcript | None:
         # Wanted when the pause would end the turn: a final transcript (another call's turn
         # that has ended) goes first if both wait for the engine.
-        lead = self._speculation_lead_s
+        lead = self._options.speculation_lead_s
         try:
             with wanted_in(lead) if lead is not None else contextlib.nullcontext():
                 transcript = await self._continuing(audio, settled)
@@ -204,7 +188,7 @@ class EngineSTTService(EagerEndOfTurnSTTServiceMixin, SegmentedSTTService):
             # dropped when the turn ends, so on a loaded machine it is often the only pass
             # that finishes while the caller is still on the turn (whose page then showed
             # nothing of what they said until the reply came).
-            self._on_partial(transcript.text)
+            self._events.partial(transcript.text)
         if plausible:
             # Retrieval starts on the guess now, so its passages are ready when the turn ends.
             await self.push_frame(SpeculativeTranscriptFrame(text=transcript.text))
@@ -264,7 +248,7 @@ class EngineSTTService(EagerEndOfTurnSTTServiceMixin, SegmentedSTTService):
         self._drop_partial()
         self._plan.cut(remaining=len(self._audio_buffer))
         seconds = len(head) / _PCM16_BYTES / self.sample_rate
-        self._on_long_turn_cut(seconds)
+        self._events.long_turn_cut(seconds)
         log.info("caller turn longer than %.0f s: %.1f s of it cut and transcribed, the turn goes on",
                  self._max_segment_bytes / _PCM16_BYTES / self.sample_rate, seconds)
         await self._segment_queue.put(head)
@@ -281,11 +265,11 @@ class EngineSTTService(EagerEndOfTurnSTTServiceMixin, SegmentedSTTService):
         reason = rejection(transcript)
         if reason is not None:
             if reason != "empty":
-                self._on_rejected(reason)
+                self._events.asr_rejected(reason)
             return
         partial = self._plan.heard(transcript.text)
         self.partials_pushed += 1
-        self._on_partial(partial)
+        self._events.partial(partial)
         await self.push_frame(InterimTranscriptionFrame(partial, self._user_id, time_now_iso8601()))
 
     def _drop_partial(self) -> None:
@@ -300,7 +284,7 @@ class EngineSTTService(EagerEndOfTurnSTTServiceMixin, SegmentedSTTService):
             transcript = await self._engine.transcribe_continuing(audio, committed=settled)
             if rejection(transcript) is None:
                 return transcript
-            self._on_rejected("prefixed_pass")
+            self._events.asr_rejected("prefixed_pass")
         return await self._engine.transcribe(audio)
 
     async def _handle_user_stopped_speaking(self, frame: VADUserStoppedSpeakingFrame) -> None:
@@ -381,8 +365,9 @@ class EngineSTTService(EagerEndOfTurnSTTServiceMixin, SegmentedSTTService):
     async def run_stt(self, audio: bytes) -> AsyncGenerator[Frame | None, None]:
         part = self._plan.next_is_part  # _transcribe takes it off
         await self.start_processing_metrics()
-        deadline_s = self._transcript_deadline_s(len(audio) / (_PCM16_BYTES * self.sample_rate)) \
-            if self._transcript_deadline_s is not None else None
+        deadline = self._options.transcript_deadline
+        deadline_s = deadline.seconds_for(len(audio) / (_PCM16_BYTES * self.sample_rate)) \
+            if deadline is not None else None
         try:
             # The engine knows the deadline too: a worker restarting or loading is waited for
             # within it (models/remote.py) rather than the turn lost at once.
@@ -391,7 +376,7 @@ class EngineSTTService(EagerEndOfTurnSTTServiceMixin, SegmentedSTTService):
                     transcript = await self._transcribe(audio)
         except Exception as exc:  # a stuck or failed engine, or a bug: the caller is told, the call goes on
             self.transcripts_lost += 1
-            self._on_lost(failure_kind(exc))
+            self._events.model_failed("asr", failure_kind(exc))
             if isinstance(exc, TimeoutError):
                 exc = StalledError(f"no transcript within {deadline_s:.1f} s")
             if not isinstance(exc, CadenceError):
@@ -411,7 +396,7 @@ class EngineSTTService(EagerEndOfTurnSTTServiceMixin, SegmentedSTTService):
         if reason is not None:
             log.debug("dropped implausible transcript (%d chars: %s)", len(transcript.text), reason)
             if reason != "empty":
-                self._on_rejected(reason)
+                self._events.asr_rejected(reason)
             return
         kind = TurnPartTranscriptionFrame if part else TranscriptionFrame
         yield kind(transcript.text, self._user_id, time_now_iso8601(), finalized=True)

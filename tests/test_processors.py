@@ -30,6 +30,7 @@ from models.errors import CapacityError
 from models.stalls import StallLimits
 from pipelines.llm import CUT_SHORT_REPLY, FALLBACK_REPLY, EngineLLMService, prompt_window
 from pipelines.frames import CallerSpeechEndFrame
+from pipelines.options import STTOptions
 from pipelines.stt import EngineSTTService, compression_ratio, is_plausible
 from pipelines.tts import EngineTTSService
 from models.base import Transcript
@@ -229,7 +230,7 @@ def test_prompt_window_keeps_the_dialogue_within_its_character_budget():
 
 async def test_stt_service_transcribes_the_vad_segment_once_it_ends():
     engine = ScriptedASR("what is the capital of france")
-    service = EngineSTTService(engine, max_segment_seconds=30, clock=lambda: 1000.0)
+    service = EngineSTTService(engine, STTOptions(max_segment_seconds=30), clock=lambda: 1000.0)
     silence_20ms = bytes(len(SPEECH_20MS))
     frames = [VADUserStartedSpeakingFrame()] + [
         InputAudioRawFrame(audio=SPEECH_20MS, sample_rate=16_000, num_channels=1) for _ in range(25)
@@ -247,7 +248,7 @@ async def test_stt_service_transcribes_the_vad_segment_once_it_ends():
 
 async def test_stt_service_cuts_overlong_turns_into_windows_and_transcribes_them_all():
     engine = ScriptedASR("long story")
-    service = EngineSTTService(engine, max_segment_seconds=0.2)
+    service = EngineSTTService(engine, STTOptions(max_segment_seconds=0.2))
     frames = [VADUserStartedSpeakingFrame()] + [
         InputAudioRawFrame(audio=SPEECH_20MS, sample_rate=16_000, num_channels=1) for _ in range(50)
     ] + [VADUserStoppedSpeakingFrame(stop_secs=0.4)]
@@ -261,7 +262,7 @@ async def test_stt_service_drops_text_hallucinated_from_noise():
     frames = [VADUserStartedSpeakingFrame(),
               InputAudioRawFrame(audio=SPEECH_20MS, sample_rate=16_000, num_channels=1),
               VADUserStoppedSpeakingFrame(stop_secs=0.4)]
-    down, _ = await run_test(EngineSTTService(engine, max_segment_seconds=30), frames_to_send=frames)
+    down, _ = await run_test(EngineSTTService(engine, STTOptions(max_segment_seconds=30)), frames_to_send=frames)
     assert not [f for f in down if isinstance(f, TranscriptionFrame)]
 
 
@@ -355,7 +356,7 @@ def speech(n: int) -> list[InputAudioRawFrame]:
 
 async def test_a_pause_that_ends_the_turn_reuses_the_speculative_transcript():
     engine = ScriptedASR("book a table")
-    stt = EngineSTTService(engine, max_segment_seconds=30)
+    stt = EngineSTTService(engine, STTOptions(max_segment_seconds=30))
     frames = [VADUserStartedSpeakingFrame(), *speech(20), PauseMarker(), *speech(10),
               VADUserStoppedSpeakingFrame(stop_secs=0.4)]
     down, _ = await run_test(Pipeline([PauseSignals(stt), stt]), frames_to_send=frames)
@@ -366,7 +367,7 @@ async def test_a_pause_that_ends_the_turn_reuses_the_speculative_transcript():
 
 async def test_speech_after_a_pause_drops_the_speculation_and_transcribes_the_whole_turn():
     engine = ScriptedASR("book a table for four")
-    stt = EngineSTTService(engine, max_segment_seconds=30)
+    stt = EngineSTTService(engine, STTOptions(max_segment_seconds=30))
     frames = [VADUserStartedSpeakingFrame(), *speech(20), PauseMarker(), *speech(5), PauseMarker(resumed=True),
               *speech(20), VADUserStoppedSpeakingFrame(stop_secs=0.4)]
     down, _ = await run_test(Pipeline([PauseSignals(stt), stt]), frames_to_send=frames)
@@ -388,7 +389,7 @@ async def test_a_guess_that_failed_leaves_the_turns_end_to_transcribe_afresh():
             return await super().transcribe(pcm16, prompt=prompt)
 
     engine = RefusesFirst("book a table")
-    stt = EngineSTTService(engine, max_segment_seconds=30)
+    stt = EngineSTTService(engine, STTOptions(max_segment_seconds=30))
     frames = [VADUserStartedSpeakingFrame(), *speech(20), PauseMarker(), *speech(10),
               VADUserStoppedSpeakingFrame(stop_secs=0.4)]
     down, _ = await run_test(Pipeline([PauseSignals(stt), stt]), frames_to_send=frames)

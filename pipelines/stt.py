@@ -64,13 +64,13 @@ from models.errors import CadenceError, StalledError
 from models.stalls import failure_kind
 from models.scheduling import answer_within, wanted_in
 from models.base import ASREngine, Transcript
-from models.hallucination import MAX_COMPRESSION_RATIO, compression_ratio, repeats_itself, too_fast
 from pipelines.call_events import CallEvents
 from pipelines.frames import (CallerSpeechEndFrame, SpeculativeTranscriptFrame, TranscriptLostFrame,
                               TurnPartTranscriptionFrame)
 from pipelines.options import STTOptions
 from pipelines.pause_judge import PauseJudge
 from pipelines.speech_end import quietest_point, silent_tail_seconds
+from pipelines.transcript_check import counted, is_plausible, rejection
 from pipelines.transcript_plan import AudioStep, TranscriptPlan
 
 log = logging.getLogger(__name__)
@@ -79,8 +79,6 @@ log = logging.getLogger(__name__)
 # instead of waiting on a reply that cannot come.
 NOT_HEARD_REPLY = "Sorry, I didn't catch that. Could you say it again?"
 
-# Above this mean no-speech probability, short text is most likely noise read as words.
-MAX_NO_SPEECH_PROBABILITY = 0.6
 _PCM16_BYTES = 2
 
 
@@ -90,29 +88,6 @@ LONG_TURN_CUT_WITHIN_S = 2.0
 # A partial pass is wanted this long after it starts: a final transcript (the end of some
 # caller's turn) waiting for the same engine goes first.
 PARTIAL_LEAD_S = 1.0
-
-
-def rejection(transcript: Transcript) -> str | None:
-    """Why a transcript is not passed on (a metric label), or None: empty text, a
-    repetition loop (long or short), words faster than anyone speaks, text over what was
-    likely silence."""
-    text = transcript.text.strip()
-    if not text:
-        return "empty"
-    if compression_ratio(text) > MAX_COMPRESSION_RATIO:
-        return "compression_ratio"
-    if repeats_itself(text):
-        return "repetition"
-    if too_fast(text, transcript.audio_seconds):
-        return "words_per_second"
-    if transcript.no_speech_probability is not None and transcript.no_speech_probability > MAX_NO_SPEECH_PROBABILITY \
-            and len(text.split()) <= 3:  # long text is rarely invented from silence
-        return "no_speech"
-    return None
-
-
-def is_plausible(transcript: Transcript) -> bool:
-    return rejection(transcript) is None
 
 
 @dataclass
@@ -263,9 +238,9 @@ class EngineSTTService(EagerEndOfTurnSTTServiceMixin, SegmentedSTTService):
         finally:
             self._partial = None
         reason = rejection(transcript)
+        if counted(reason):
+            self._events.asr_rejected(reason)
         if reason is not None:
-            if reason != "empty":
-                self._events.asr_rejected(reason)
             return
         partial = self._plan.heard(transcript.text)
         self.partials_pushed += 1
@@ -395,7 +370,7 @@ class EngineSTTService(EagerEndOfTurnSTTServiceMixin, SegmentedSTTService):
         reason = rejection(transcript)
         if reason is not None:
             log.debug("dropped implausible transcript (%d chars: %s)", len(transcript.text), reason)
-            if reason != "empty":
+            if counted(reason):
                 self._events.asr_rejected(reason)
             return
         kind = TurnPartTranscriptionFrame if part else TranscriptionFrame

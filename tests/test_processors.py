@@ -31,7 +31,8 @@ from models.stalls import StallLimits
 from pipelines.llm import CUT_SHORT_REPLY, FALLBACK_REPLY, EngineLLMService, prompt_window
 from pipelines.frames import CallerSpeechEndFrame
 from pipelines.options import STTOptions
-from pipelines.stt import EngineSTTService, compression_ratio, is_plausible
+from pipelines.stt import EngineSTTService
+from pipelines.transcript_check import is_plausible
 from pipelines.tts import EngineTTSService
 from models.base import Transcript
 from tests.fakes import ScriptedASR, ScriptedLLM, ToneTTS
@@ -270,13 +271,15 @@ def test_plausibility_rules():
     assert is_plausible(Transcript("what time is it", 1.0, 0.1, no_speech_probability=0.1))
     assert not is_plausible(Transcript("  ", 1.0, 0.1))
     loop = "I'm sorry. " * 30
+    from models.hallucination import compression_ratio
+
     assert compression_ratio(loop) > 2.4 and not is_plausible(Transcript(loop, 5.0, 1.0))
     assert is_plausible(Transcript("please book a table for four people", 2.0, 0.1, no_speech_probability=0.8))
 
 
 def test_a_short_loop_too_small_for_gzip_is_caught_as_a_repetition():
     from models.hallucination import compression_ratio
-    from pipelines.stt import rejection
+    from pipelines.transcript_check import rejection
 
     loop = "Hello. Hello. Hello. Hello. Hello. Hello."  # a streaming pass seen in a browser call
     assert compression_ratio(loop) <= 2.4 and rejection(Transcript(loop, 2.0, 0.1)) == "repetition"

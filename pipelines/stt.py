@@ -43,7 +43,6 @@ import contextlib
 import logging
 import time
 from collections.abc import AsyncGenerator
-from dataclasses import dataclass
 
 from pipecat.frames.frames import (
     ErrorFrame,
@@ -70,7 +69,8 @@ from pipelines.frames import (CallerSpeechEndFrame, SpeculativeTranscriptFrame, 
 from pipelines.options import STTOptions
 from pipelines.pause_judge import PauseJudge
 from pipelines.speech_end import quietest_point, silent_tail_seconds
-from pipelines.transcript_check import counted, is_plausible, rejection
+from pipelines.speculation import PauseStep, Speculation, read_guess
+from pipelines.transcript_check import counted, rejection
 from pipelines.transcript_plan import AudioStep, TranscriptPlan
 
 log = logging.getLogger(__name__)
@@ -88,12 +88,6 @@ LONG_TURN_CUT_WITHIN_S = 2.0
 # A partial pass is wanted this long after it starts: a final transcript (the end of some
 # caller's turn) waiting for the same engine goes first.
 PARTIAL_LEAD_S = 1.0
-
-
-@dataclass
-class _Speculation:
-    audio_bytes: int  # how much of the turn's audio the speculative transcript covers
-    task: asyncio.Task
 
 
 class EngineSTTService(EagerEndOfTurnSTTServiceMixin, SegmentedSTTService):
@@ -117,9 +111,7 @@ class EngineSTTService(EagerEndOfTurnSTTServiceMixin, SegmentedSTTService):
                                     partial_every_bytes=int(options.partial_every_s * engine.sample_rate) * _PCM16_BYTES)
         self._clock = clock
         self._last_audio_at = 0.0  # when the newest buffered audio arrived
-        self._speculation: _Speculation | None = None
-        self.speculations_used = 0
-        self.speculations_dropped = 0
+        self._guesses: Speculation[asyncio.Task] = Speculation()
         self._partial: asyncio.Task | None = None
         self._pause_judge = pause_judge
         self.partials_pushed = 0
@@ -129,9 +121,10 @@ class EngineSTTService(EagerEndOfTurnSTTServiceMixin, SegmentedSTTService):
         """The caller went quiet mid-turn: start transcribing what we have. No partial pass
         starts until they go on: if the turn ends here, the final must find the model free."""
         self._plan.paused = True
-        if self._speculation is not None or not self._user_speaking or not self._audio_buffer:
-            if self._pause_judge is not None and self._speculation is None:
-                self._pause_judge.undecided()
+        step = self._guesses.at_pause(speaking=self._user_speaking, buffered=len(self._audio_buffer))
+        if step is PauseStep.UNDECIDED and self._pause_judge is not None:
+            self._pause_judge.undecided()
+        if step is not PauseStep.GUESS:
             return
         audio = bytes(self._audio_buffer)
         voice = self._pause_judge.listen(audio) if self._pause_judge is not None else None
@@ -140,7 +133,7 @@ class EngineSTTService(EagerEndOfTurnSTTServiceMixin, SegmentedSTTService):
         # A guess that failed gives None (pipecat's task wrapper would log its error and return
         # None anyway): the turn's end then transcribes the audio afresh.
         task.add_done_callback(lambda t: t.cancelled() or t.exception())
-        self._speculation = _Speculation(audio_bytes=len(audio), task=task)
+        self._guesses.started(len(audio), task)
 
     async def _speculate(self, audio: bytes, settled: str, voice: asyncio.Task | None) -> Transcript | None:
         # Wanted when the pause would end the turn: a final transcript (another call's turn
@@ -157,22 +150,18 @@ class EngineSTTService(EagerEndOfTurnSTTServiceMixin, SegmentedSTTService):
         finally:
             if voice is not None and asyncio.current_task().cancelling():
                 voice.cancel()  # the caller went on: nobody needs the verdict
-        plausible = is_plausible(transcript)
-        if plausible and self._plan.partial_every_bytes:
-            # The words so far, as a partial: partial passes wait behind this guess and are
-            # dropped when the turn ends, so on a loaded machine it is often the only pass
-            # that finishes while the caller is still on the turn (whose page then showed
-            # nothing of what they said until the reply came).
-            self._events.partial(transcript.text)
-        if plausible:
+        reading = read_guess(transcript, partials_on=bool(self._plan.partial_every_bytes))
+        if reading.shown is not None:
+            self._events.partial(reading.shown)
+        if reading.words is not None:
             # Retrieval starts on the guess now, so its passages are ready when the turn ends.
-            await self.push_frame(SpeculativeTranscriptFrame(text=transcript.text))
+            await self.push_frame(SpeculativeTranscriptFrame(text=reading.words))
             # Pushed before the verdict can end the turn, so the reply starts first. Also on
             # words that sound unfinished: measured, the reply ready when a long pause ends
             # is worth more than the prefill wasted when the caller goes on (see README).
-            await self._push_eager_end_of_turn(transcript.text, user_id=self._user_id)
+            await self._push_eager_end_of_turn(reading.words, user_id=self._user_id)
         if self._pause_judge is not None:
-            verdict = await self._pause_judge.decide(transcript.text if plausible else None, voice)
+            verdict = await self._pause_judge.decide(reading.words, voice)
             if self._plan.paused:  # still this pause: a resumed caller has cancelled this task
                 self._pause_judge.apply(verdict)
         return transcript
@@ -186,10 +175,9 @@ class EngineSTTService(EagerEndOfTurnSTTServiceMixin, SegmentedSTTService):
             self.create_task(self._cancel_eager_end_of_turn(), name="withdraw-eager-reply")
 
     def _drop_speculation(self) -> None:
-        if self._speculation is not None:
-            self.speculations_dropped += 1
-            self._speculation.task.cancel()  # the model thread finishes its run; the result is ignored
-            self._speculation = None
+        task = self._guesses.drop()
+        if task is not None:
+            task.cancel()  # the model thread finishes its run; the result is ignored
 
     async def _handle_user_started_speaking(self, frame) -> None:
         self._drop_speculation()
@@ -299,23 +287,29 @@ class EngineSTTService(EagerEndOfTurnSTTServiceMixin, SegmentedSTTService):
         queued = self._plan.next_segment()
         settled = queued.settled
         # A cut's transcript is of its own audio: a guess made since covers the rest of the turn.
-        speculation, self._speculation = (self._speculation, None) if queued.whole_turn_end else (None, self._speculation)
-        # Usable only if the turn's audio is what it saw plus silence: the VAD heard no
-        # speech since the pause (else `speech_resumed` would have dropped it).
-        if speculation is not None and len(audio) >= speculation.audio_bytes:
+        guess = self._guesses.take(len(audio)) if queued.whole_turn_end else None
+        if guess is not None:
             try:
-                transcript = await speculation.task
+                transcript = await guess
                 if transcript is not None:  # None: the guess failed
-                    self.speculations_used += 1
+                    self._guesses.stood_for_turn()
                     log.debug("speculative transcript used (%d used, %d dropped so far)",
-                              self.speculations_used, self.speculations_dropped)
+                              self._guesses.used, self._guesses.dropped)
                     return transcript
             except asyncio.CancelledError:
                 if asyncio.current_task().cancelling():
                     raise
         log.debug("no speculative transcript for this turn (%d used, %d dropped so far)",
-                  self.speculations_used, self.speculations_dropped)
+                  self._guesses.used, self._guesses.dropped)
         return await self._continuing(self._fit(audio), settled if len(audio) <= self._max_segment_bytes else "")
+
+    @property
+    def speculations_used(self) -> int:
+        return self._guesses.used
+
+    @property
+    def speculations_dropped(self) -> int:
+        return self._guesses.dropped
 
     @property
     def long_turn_cuts(self) -> int:

@@ -59,8 +59,7 @@ from pipecat.services.stt_service import SegmentedSTTService
 from pipecat.turns.eager_end_of_turn_mixin import EagerEndOfTurnSTTServiceMixin
 from pipecat.utils.time import time_now_iso8601
 
-from models.errors import CadenceError, StalledError
-from models.stalls import failure_kind
+from models.errors import CadenceError
 from models.scheduling import answer_within, wanted_in
 from models.base import ASREngine, Transcript
 from pipelines.call_events import CallEvents
@@ -71,6 +70,7 @@ from pipelines.pause_judge import PauseJudge
 from pipelines.speech_end import quietest_point, silent_tail_seconds
 from pipelines.speculation import PauseStep, Speculation, read_guess
 from pipelines.transcript_check import counted, rejection
+from pipelines.transcript_loss import deadline_s, lost_transcript
 from pipelines.transcript_plan import AudioStep, TranscriptPlan
 
 log = logging.getLogger(__name__)
@@ -334,29 +334,24 @@ class EngineSTTService(EagerEndOfTurnSTTServiceMixin, SegmentedSTTService):
     async def run_stt(self, audio: bytes) -> AsyncGenerator[Frame | None, None]:
         part = self._plan.next_is_part  # _transcribe takes it off
         await self.start_processing_metrics()
-        deadline = self._options.transcript_deadline
-        deadline_s = deadline.seconds_for(len(audio) / (_PCM16_BYTES * self.sample_rate)) \
-            if deadline is not None else None
+        limit_s = deadline_s(self._options.transcript_deadline, len(audio) / (_PCM16_BYTES * self.sample_rate))
         try:
             # The engine knows the deadline too: a worker restarting or loading is waited for
             # within it (models/remote.py) rather than the turn lost at once.
-            async with asyncio.timeout(deadline_s):
-                with answer_within(deadline_s) if deadline_s is not None else contextlib.nullcontext():
+            async with asyncio.timeout(limit_s):
+                with answer_within(limit_s) if limit_s is not None else contextlib.nullcontext():
                     transcript = await self._transcribe(audio)
         except Exception as exc:  # a stuck or failed engine, or a bug: the caller is told, the call goes on
+            lost = lost_transcript(exc, deadline_s=limit_s, part=part)
             self.transcripts_lost += 1
-            self._events.model_failed("asr", failure_kind(exc))
-            if isinstance(exc, TimeoutError):
-                exc = StalledError(f"no transcript within {deadline_s:.1f} s")
-            if not isinstance(exc, CadenceError):
+            self._events.model_failed("asr", lost.kind)
+            if not lost.known:
                 log.exception("transcription failed")
-            else:  # a known failure (a stall, a worker gone): one line saying which, no traceback
-                heard = "the caller is told at the turn's end if need be" if part else \
-                    "the caller hears an apology"
-                log.warning("transcript lost, %s: %s", heard, exc)
-            yield ErrorFrame(error=f"speech recognition unavailable: {exc}")
-            if not part:  # a long turn's part: the caller is still talking, and is told at its end if need be
-                yield TranscriptLostFrame(error=str(exc))
+            else:  # one line saying which, no traceback
+                log.warning("transcript lost, %s: %s", lost.consequence, lost.error)
+            yield ErrorFrame(error=f"speech recognition unavailable: {lost.error}")
+            if lost.apologise:
+                yield TranscriptLostFrame(error=str(lost.error))
                 yield TTSSpeakFrame(NOT_HEARD_REPLY)
             return
         finally:

@@ -67,7 +67,8 @@ from pipelines.frames import (CallerSpeechEndFrame, SpeculativeTranscriptFrame, 
                               TurnPartTranscriptionFrame)
 from pipelines.options import STTOptions
 from pipelines.pause_judge import PauseJudge
-from pipelines.speech_end import quietest_point, silent_tail_seconds
+from pipelines.long_turn import cut_at, window_start
+from pipelines.speech_end import last_voiced_at
 from pipelines.speculation import PauseStep, Speculation, read_guess
 from pipelines.transcript_check import counted, rejection
 from pipelines.transcript_loss import deadline_s, lost_transcript
@@ -80,10 +81,6 @@ log = logging.getLogger(__name__)
 NOT_HEARD_REPLY = "Sorry, I didn't catch that. Could you say it again?"
 
 _PCM16_BYTES = 2
-
-
-# A turn over the segment limit is cut at its quietest point within this much before the limit.
-LONG_TURN_CUT_WITHIN_S = 2.0
 
 # A partial pass is wanted this long after it starts: a final transcript (the end of some
 # caller's turn) waiting for the same engine goes first.
@@ -203,8 +200,7 @@ class EngineSTTService(EagerEndOfTurnSTTServiceMixin, SegmentedSTTService):
     async def _cut_long_turn(self) -> None:
         """Queues the turn so far, up to its quietest recent moment, as a segment of its own; the
         rest stays buffered and the turn goes on. Partials start afresh on the rest."""
-        cut = quietest_point(bytes(self._audio_buffer[: self._max_segment_bytes]), self.sample_rate,
-                             within_s=LONG_TURN_CUT_WITHIN_S)
+        cut = cut_at(bytes(self._audio_buffer[: self._max_segment_bytes]), self.sample_rate)
         head = bytes(self._audio_buffer[:cut])
         del self._audio_buffer[:cut]
         self._drop_speculation()
@@ -261,10 +257,8 @@ class EngineSTTService(EagerEndOfTurnSTTServiceMixin, SegmentedSTTService):
         await super()._handle_user_stopped_speaking(frame)
 
     def _last_voiced_at(self, frame: VADUserStoppedSpeakingFrame) -> float:
-        tail = silent_tail_seconds(bytes(self._audio_buffer), self.sample_rate) if self._audio_buffer else None
-        if tail is None:  # nothing voiced in the buffer: fall back on the VAD's own estimate
-            return frame.timestamp - frame.stop_secs
-        return self._last_audio_at - tail
+        return last_voiced_at(bytes(self._audio_buffer), self.sample_rate, last_audio_at=self._last_audio_at,
+                              vad_estimate=frame.timestamp - frame.stop_secs)
 
     async def cleanup(self) -> None:
         self._drop_speculation()
@@ -276,12 +270,11 @@ class EngineSTTService(EagerEndOfTurnSTTServiceMixin, SegmentedSTTService):
         await super().cleanup()
 
     def _fit(self, audio: bytes) -> bytes:
-        if len(audio) > self._max_segment_bytes:
-            # Whisper sees 30 s at most; keep the end of the turn, which the reply is about.
+        start = window_start(len(audio), self._max_segment_bytes)
+        if start:
             log.warning("caller turn of %.1f s cut to its last %.1f s", len(audio) / 2 / self.sample_rate,
                         self._max_segment_bytes / 2 / self.sample_rate)
-            return audio[-self._max_segment_bytes :]
-        return audio
+        return audio[start:]
 
     async def _transcribe(self, audio: bytes) -> Transcript:
         queued = self._plan.next_segment()

@@ -24,7 +24,7 @@ class CallEvents:
         made at a pause while partials are on)."""
 
     def asr_rejected(self, reason: str) -> None:
-        """A transcript failed the plausibility check and was dropped (`stt.rejection`'s label)."""
+        """A transcript failed the plausibility check and was dropped (`transcript_check.rejection`'s label)."""
 
     def long_turn_cut(self, seconds: float) -> None:
         """A turn over the ASR's window was cut while the caller went on; `seconds`: the part cut off."""

@@ -108,14 +108,9 @@ def _stt(engines: Engines, options: CallOptions, agent: CallAgent, events: CallE
          judged: bool, eager: bool) -> EngineSTTService:
     judge = PauseJudge(options=options.pauses.limits, default_pause_s=agent.vad_stop_secs, allowance=vad,
                        engine=engines.turn_end, on_verdict=events.pause_verdict) if judged else None
-    return EngineSTTService(engines.asr, max_segment_seconds=options.max_user_turn_seconds,
-                            speculation_lead_s=max(0.0, agent.vad_stop_secs - agent.speculate_after_secs)
-                            if options.schedule_by_wanted else None,
-                            partial_every_s=options.partial_every_s, on_rejected=events.asr_rejected,
-                            on_long_turn_cut=events.long_turn_cut,
-                            on_partial=events.partial, pause_judge=judge, eager_reply=eager,
-                            transcript_deadline_s=options.transcript_deadline.seconds_for,
-                            on_lost=partial(events.model_failed, "asr"))
+    lead_s = max(0.0, agent.vad_stop_secs - agent.speculate_after_secs) if options.schedule_by_wanted else None
+    return EngineSTTService(engines.asr, options.stt(speculation_lead_s=lead_s, eager_reply=eager),
+                            events=events, pause_judge=judge)
 
 
 def tts_service(engine: TTSEngine, options: CallOptions, *, voice: str,

@@ -33,6 +33,21 @@ class TranscriptDeadline:
 
 
 @dataclass(frozen=True)
+class STTOptions:
+    """How the caller's turn is transcribed (pipelines/stt.py)."""
+
+    max_segment_seconds: float  # a longer turn is cut and transcribed in parts (Whisper's 30 s window)
+    partial_every_s: float = 0.0  # streaming partials every this much new speech; 0: none
+    # When a guess made at a pause is wanted (from the pause to the turn's end); None: guesses
+    # in arrival order with every other request.
+    speculation_lead_s: float | None = 0.0
+    eager_reply: bool = False  # answer a pause's guess while the VAD waits (held until the turn ends)
+    # How long a turn's transcript may take before the caller is asked to say it again;
+    # None: as long as the engine takes.
+    transcript_deadline: TranscriptDeadline | None = None
+
+
+@dataclass(frozen=True)
 class PauseOptions:
     """How the caller's pauses are judged (pipelines/pause_judge.py, pipelines/turn_end.py)."""
 
@@ -61,3 +76,9 @@ class CallOptions:
     # Have the LLM read the prompt up to the passages found for a speculative transcript.
     warm_llm_on_guess: bool
     orpheus_model: str | None  # the Orpheus voice's model; None: the CPU voice (Piper)
+
+    def stt(self, *, speculation_lead_s: float | None, eager_reply: bool) -> STTOptions:
+        """The STT's options: these settings, with what the agent's pauses decide."""
+        return STTOptions(max_segment_seconds=self.max_user_turn_seconds, partial_every_s=self.partial_every_s,
+                          speculation_lead_s=speculation_lead_s, eager_reply=eager_reply,
+                          transcript_deadline=self.transcript_deadline)

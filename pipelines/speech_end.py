@@ -58,3 +58,11 @@ def quietest_point(pcm16: bytes, sample_rate: int, *, within_s: float) -> int:
     start = latest_min(spans)
     quietest = start + latest_min(energy[start: start + span])  # its quietest 10 ms: between words
     return (first + quietest * window + window // 2) * 2
+
+
+def last_voiced_at(pcm16: bytes, sample_rate: int, *, last_audio_at: float, vad_estimate: float) -> float:
+    """When the caller's last voiced sound reached us: `pcm16` (the turn's audio, its newest
+    sample arrived at `last_audio_at`) less its silent tail, or the VAD's own estimate if
+    nothing in it is voiced."""
+    tail = silent_tail_seconds(pcm16, sample_rate) if pcm16 else None
+    return vad_estimate if tail is None else last_audio_at - tail

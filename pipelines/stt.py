@@ -42,8 +42,7 @@ import asyncio
 import contextlib
 import logging
 import time
-from collections.abc import AsyncGenerator, Callable
-from dataclasses import dataclass
+from collections.abc import AsyncGenerator
 
 from pipecat.frames.frames import (
     ErrorFrame,
@@ -60,15 +59,19 @@ from pipecat.services.stt_service import SegmentedSTTService
 from pipecat.turns.eager_end_of_turn_mixin import EagerEndOfTurnSTTServiceMixin
 from pipecat.utils.time import time_now_iso8601
 
-from models.errors import CadenceError, StalledError
-from models.stalls import failure_kind
+from models.errors import CadenceError
 from models.scheduling import answer_within, wanted_in
 from models.base import ASREngine, Transcript
-from models.hallucination import MAX_COMPRESSION_RATIO, compression_ratio, repeats_itself, too_fast
+from pipelines.call_events import CallEvents
 from pipelines.frames import (CallerSpeechEndFrame, SpeculativeTranscriptFrame, TranscriptLostFrame,
                               TurnPartTranscriptionFrame)
+from pipelines.options import STTOptions
 from pipelines.pause_judge import PauseJudge
-from pipelines.speech_end import quietest_point, silent_tail_seconds
+from pipelines.long_turn import cut_at, window_start
+from pipelines.speech_end import last_voiced_at
+from pipelines.speculation import PauseStep, Speculation, read_guess
+from pipelines.transcript_check import counted, rejection
+from pipelines.transcript_loss import deadline_s, lost_transcript
 from pipelines.transcript_plan import AudioStep, TranscriptPlan
 
 log = logging.getLogger(__name__)
@@ -77,102 +80,48 @@ log = logging.getLogger(__name__)
 # instead of waiting on a reply that cannot come.
 NOT_HEARD_REPLY = "Sorry, I didn't catch that. Could you say it again?"
 
-# Above this mean no-speech probability, short text is most likely noise read as words.
-MAX_NO_SPEECH_PROBABILITY = 0.6
 _PCM16_BYTES = 2
-
-
-# A turn over the segment limit is cut at its quietest point within this much before the limit.
-LONG_TURN_CUT_WITHIN_S = 2.0
 
 # A partial pass is wanted this long after it starts: a final transcript (the end of some
 # caller's turn) waiting for the same engine goes first.
 PARTIAL_LEAD_S = 1.0
 
 
-def rejection(transcript: Transcript) -> str | None:
-    """Why a transcript is not passed on (a metric label), or None: empty text, a
-    repetition loop (long or short), words faster than anyone speaks, text over what was
-    likely silence."""
-    text = transcript.text.strip()
-    if not text:
-        return "empty"
-    if compression_ratio(text) > MAX_COMPRESSION_RATIO:
-        return "compression_ratio"
-    if repeats_itself(text):
-        return "repetition"
-    if too_fast(text, transcript.audio_seconds):
-        return "words_per_second"
-    if transcript.no_speech_probability is not None and transcript.no_speech_probability > MAX_NO_SPEECH_PROBABILITY \
-            and len(text.split()) <= 3:  # long text is rarely invented from silence
-        return "no_speech"
-    return None
-
-
-def is_plausible(transcript: Transcript) -> bool:
-    return rejection(transcript) is None
-
-
-@dataclass
-class _Speculation:
-    audio_bytes: int  # how much of the turn's audio the speculative transcript covers
-    task: asyncio.Task
-
-
 class EngineSTTService(EagerEndOfTurnSTTServiceMixin, SegmentedSTTService):
-    def __init__(self, engine: ASREngine, *, max_segment_seconds: float, clock=time.time,
-                 speculation_lead_s: float | None = 0.0, partial_every_s: float = 0.0,
-                 on_rejected: Callable[[str], None] = lambda reason: None,
-                 on_partial: Callable[[str], None] = lambda text: None,
-                 on_long_turn_cut: Callable[[float], None] = lambda seconds: None,
-                 pause_judge: PauseJudge | None = None, eager_reply: bool = False,
-                 transcript_deadline_s: Callable[[float], float] | None = None,
-                 on_lost: Callable[[str], None] = lambda kind: None, **kwargs) -> None:
-        """`speculation_lead_s`: when a guess made at a pause is wanted (the turn's end);
-        None leaves guesses in arrival order with every other request. `partial_every_s`:
-        streaming partials every that much new speech (0: none). `on_rejected(reason)`:
-        told of every transcript the plausibility check drops; `on_partial(text)`, of every
-        partial transcript and, with partials on, of the guess made at a pause; `on_long_turn_cut(seconds)`, of every cut of a long turn (the length of
-        the part cut off). `pause_judge`: decides each pause's length (None: the VAD's own).
-        `eager_reply`: answer the speculative transcript while the VAD waits (held until
-        the turn ends). `transcript_deadline_s(seconds of audio)`: how long a turn's
-        transcript may take before it is given up and the caller asked to say it again
-        (None: as long as the engine takes). `on_lost(kind)`: told of every transcript lost
-        (kind: stalled or error)."""
+    def __init__(self, engine: ASREngine, options: STTOptions, *, events: CallEvents | None = None,
+                 pause_judge: PauseJudge | None = None, clock=time.time, **kwargs) -> None:
+        """`events`: told of every transcript the plausibility check drops, every partial (and,
+        with partials on, the guess made at a pause), every cut of a long turn and every
+        transcript lost. `pause_judge`: decides each pause's length (None: the VAD's own)."""
         super().__init__(
-            enable_eager_end_of_turn=eager_reply,
+            enable_eager_end_of_turn=options.eager_reply,
             sample_rate=engine.sample_rate,
             trailing_silence_secs=0.0,
             settings=STTSettings(model=None, language=None),
             **kwargs,
         )
         self._engine = engine
-        self._max_segment_bytes = int(max_segment_seconds * engine.sample_rate) * _PCM16_BYTES
+        self._options = options
+        self._events = events if events is not None else CallEvents()
+        self._max_segment_bytes = int(options.max_segment_seconds * engine.sample_rate) * _PCM16_BYTES
         self._plan = TranscriptPlan(max_segment_bytes=self._max_segment_bytes,
-                                    partial_every_bytes=int(partial_every_s * engine.sample_rate) * _PCM16_BYTES)
+                                    partial_every_bytes=int(options.partial_every_s * engine.sample_rate) * _PCM16_BYTES)
         self._clock = clock
         self._last_audio_at = 0.0  # when the newest buffered audio arrived
-        self._speculation_lead_s = speculation_lead_s  # from a pause to the turn's end: VAD stop - speculation start
-        self._speculation: _Speculation | None = None
-        self.speculations_used = 0
-        self.speculations_dropped = 0
+        self._guesses: Speculation[asyncio.Task] = Speculation()
         self._partial: asyncio.Task | None = None
-        self._on_rejected = on_rejected
-        self._on_partial = on_partial
-        self._on_long_turn_cut = on_long_turn_cut
         self._pause_judge = pause_judge
         self.partials_pushed = 0
-        self._transcript_deadline_s = transcript_deadline_s
         self.transcripts_lost = 0
-        self._on_lost = on_lost
 
     def speech_paused(self) -> None:
         """The caller went quiet mid-turn: start transcribing what we have. No partial pass
         starts until they go on: if the turn ends here, the final must find the model free."""
         self._plan.paused = True
-        if self._speculation is not None or not self._user_speaking or not self._audio_buffer:
-            if self._pause_judge is not None and self._speculation is None:
-                self._pause_judge.undecided()
+        step = self._guesses.at_pause(speaking=self._user_speaking, buffered=len(self._audio_buffer))
+        if step is PauseStep.UNDECIDED and self._pause_judge is not None:
+            self._pause_judge.undecided()
+        if step is not PauseStep.GUESS:
             return
         audio = bytes(self._audio_buffer)
         voice = self._pause_judge.listen(audio) if self._pause_judge is not None else None
@@ -181,12 +130,12 @@ class EngineSTTService(EagerEndOfTurnSTTServiceMixin, SegmentedSTTService):
         # A guess that failed gives None (pipecat's task wrapper would log its error and return
         # None anyway): the turn's end then transcribes the audio afresh.
         task.add_done_callback(lambda t: t.cancelled() or t.exception())
-        self._speculation = _Speculation(audio_bytes=len(audio), task=task)
+        self._guesses.started(len(audio), task)
 
     async def _speculate(self, audio: bytes, settled: str, voice: asyncio.Task | None) -> Transcript | None:
         # Wanted when the pause would end the turn: a final transcript (another call's turn
         # that has ended) goes first if both wait for the engine.
-        lead = self._speculation_lead_s
+        lead = self._options.speculation_lead_s
         try:
             with wanted_in(lead) if lead is not None else contextlib.nullcontext():
                 transcript = await self._continuing(audio, settled)
@@ -198,22 +147,18 @@ class EngineSTTService(EagerEndOfTurnSTTServiceMixin, SegmentedSTTService):
         finally:
             if voice is not None and asyncio.current_task().cancelling():
                 voice.cancel()  # the caller went on: nobody needs the verdict
-        plausible = is_plausible(transcript)
-        if plausible and self._plan.partial_every_bytes:
-            # The words so far, as a partial: partial passes wait behind this guess and are
-            # dropped when the turn ends, so on a loaded machine it is often the only pass
-            # that finishes while the caller is still on the turn (whose page then showed
-            # nothing of what they said until the reply came).
-            self._on_partial(transcript.text)
-        if plausible:
+        reading = read_guess(transcript, partials_on=bool(self._plan.partial_every_bytes))
+        if reading.shown is not None:
+            self._events.partial(reading.shown)
+        if reading.words is not None:
             # Retrieval starts on the guess now, so its passages are ready when the turn ends.
-            await self.push_frame(SpeculativeTranscriptFrame(text=transcript.text))
+            await self.push_frame(SpeculativeTranscriptFrame(text=reading.words))
             # Pushed before the verdict can end the turn, so the reply starts first. Also on
             # words that sound unfinished: measured, the reply ready when a long pause ends
             # is worth more than the prefill wasted when the caller goes on (see README).
-            await self._push_eager_end_of_turn(transcript.text, user_id=self._user_id)
+            await self._push_eager_end_of_turn(reading.words, user_id=self._user_id)
         if self._pause_judge is not None:
-            verdict = await self._pause_judge.decide(transcript.text if plausible else None, voice)
+            verdict = await self._pause_judge.decide(reading.words, voice)
             if self._plan.paused:  # still this pause: a resumed caller has cancelled this task
                 self._pause_judge.apply(verdict)
         return transcript
@@ -227,10 +172,9 @@ class EngineSTTService(EagerEndOfTurnSTTServiceMixin, SegmentedSTTService):
             self.create_task(self._cancel_eager_end_of_turn(), name="withdraw-eager-reply")
 
     def _drop_speculation(self) -> None:
-        if self._speculation is not None:
-            self.speculations_dropped += 1
-            self._speculation.task.cancel()  # the model thread finishes its run; the result is ignored
-            self._speculation = None
+        task = self._guesses.drop()
+        if task is not None:
+            task.cancel()  # the model thread finishes its run; the result is ignored
 
     async def _handle_user_started_speaking(self, frame) -> None:
         self._drop_speculation()
@@ -256,15 +200,14 @@ class EngineSTTService(EagerEndOfTurnSTTServiceMixin, SegmentedSTTService):
     async def _cut_long_turn(self) -> None:
         """Queues the turn so far, up to its quietest recent moment, as a segment of its own; the
         rest stays buffered and the turn goes on. Partials start afresh on the rest."""
-        cut = quietest_point(bytes(self._audio_buffer[: self._max_segment_bytes]), self.sample_rate,
-                             within_s=LONG_TURN_CUT_WITHIN_S)
+        cut = cut_at(bytes(self._audio_buffer[: self._max_segment_bytes]), self.sample_rate)
         head = bytes(self._audio_buffer[:cut])
         del self._audio_buffer[:cut]
         self._drop_speculation()
         self._drop_partial()
         self._plan.cut(remaining=len(self._audio_buffer))
         seconds = len(head) / _PCM16_BYTES / self.sample_rate
-        self._on_long_turn_cut(seconds)
+        self._events.long_turn_cut(seconds)
         log.info("caller turn longer than %.0f s: %.1f s of it cut and transcribed, the turn goes on",
                  self._max_segment_bytes / _PCM16_BYTES / self.sample_rate, seconds)
         await self._segment_queue.put(head)
@@ -279,13 +222,13 @@ class EngineSTTService(EagerEndOfTurnSTTServiceMixin, SegmentedSTTService):
         finally:
             self._partial = None
         reason = rejection(transcript)
+        if counted(reason):
+            self._events.asr_rejected(reason)
         if reason is not None:
-            if reason != "empty":
-                self._on_rejected(reason)
             return
         partial = self._plan.heard(transcript.text)
         self.partials_pushed += 1
-        self._on_partial(partial)
+        self._events.partial(partial)
         await self.push_frame(InterimTranscriptionFrame(partial, self._user_id, time_now_iso8601()))
 
     def _drop_partial(self) -> None:
@@ -300,7 +243,7 @@ class EngineSTTService(EagerEndOfTurnSTTServiceMixin, SegmentedSTTService):
             transcript = await self._engine.transcribe_continuing(audio, committed=settled)
             if rejection(transcript) is None:
                 return transcript
-            self._on_rejected("prefixed_pass")
+            self._events.asr_rejected("prefixed_pass")
         return await self._engine.transcribe(audio)
 
     async def _handle_user_stopped_speaking(self, frame: VADUserStoppedSpeakingFrame) -> None:
@@ -314,10 +257,8 @@ class EngineSTTService(EagerEndOfTurnSTTServiceMixin, SegmentedSTTService):
         await super()._handle_user_stopped_speaking(frame)
 
     def _last_voiced_at(self, frame: VADUserStoppedSpeakingFrame) -> float:
-        tail = silent_tail_seconds(bytes(self._audio_buffer), self.sample_rate) if self._audio_buffer else None
-        if tail is None:  # nothing voiced in the buffer: fall back on the VAD's own estimate
-            return frame.timestamp - frame.stop_secs
-        return self._last_audio_at - tail
+        return last_voiced_at(bytes(self._audio_buffer), self.sample_rate, last_audio_at=self._last_audio_at,
+                              vad_estimate=frame.timestamp - frame.stop_secs)
 
     async def cleanup(self) -> None:
         self._drop_speculation()
@@ -329,34 +270,39 @@ class EngineSTTService(EagerEndOfTurnSTTServiceMixin, SegmentedSTTService):
         await super().cleanup()
 
     def _fit(self, audio: bytes) -> bytes:
-        if len(audio) > self._max_segment_bytes:
-            # Whisper sees 30 s at most; keep the end of the turn, which the reply is about.
+        start = window_start(len(audio), self._max_segment_bytes)
+        if start:
             log.warning("caller turn of %.1f s cut to its last %.1f s", len(audio) / 2 / self.sample_rate,
                         self._max_segment_bytes / 2 / self.sample_rate)
-            return audio[-self._max_segment_bytes :]
-        return audio
+        return audio[start:]
 
     async def _transcribe(self, audio: bytes) -> Transcript:
         queued = self._plan.next_segment()
         settled = queued.settled
         # A cut's transcript is of its own audio: a guess made since covers the rest of the turn.
-        speculation, self._speculation = (self._speculation, None) if queued.whole_turn_end else (None, self._speculation)
-        # Usable only if the turn's audio is what it saw plus silence: the VAD heard no
-        # speech since the pause (else `speech_resumed` would have dropped it).
-        if speculation is not None and len(audio) >= speculation.audio_bytes:
+        guess = self._guesses.take(len(audio)) if queued.whole_turn_end else None
+        if guess is not None:
             try:
-                transcript = await speculation.task
+                transcript = await guess
                 if transcript is not None:  # None: the guess failed
-                    self.speculations_used += 1
+                    self._guesses.stood_for_turn()
                     log.debug("speculative transcript used (%d used, %d dropped so far)",
-                              self.speculations_used, self.speculations_dropped)
+                              self._guesses.used, self._guesses.dropped)
                     return transcript
             except asyncio.CancelledError:
                 if asyncio.current_task().cancelling():
                     raise
         log.debug("no speculative transcript for this turn (%d used, %d dropped so far)",
-                  self.speculations_used, self.speculations_dropped)
+                  self._guesses.used, self._guesses.dropped)
         return await self._continuing(self._fit(audio), settled if len(audio) <= self._max_segment_bytes else "")
+
+    @property
+    def speculations_used(self) -> int:
+        return self._guesses.used
+
+    @property
+    def speculations_dropped(self) -> int:
+        return self._guesses.dropped
 
     @property
     def long_turn_cuts(self) -> int:
@@ -381,28 +327,24 @@ class EngineSTTService(EagerEndOfTurnSTTServiceMixin, SegmentedSTTService):
     async def run_stt(self, audio: bytes) -> AsyncGenerator[Frame | None, None]:
         part = self._plan.next_is_part  # _transcribe takes it off
         await self.start_processing_metrics()
-        deadline_s = self._transcript_deadline_s(len(audio) / (_PCM16_BYTES * self.sample_rate)) \
-            if self._transcript_deadline_s is not None else None
+        limit_s = deadline_s(self._options.transcript_deadline, len(audio) / (_PCM16_BYTES * self.sample_rate))
         try:
             # The engine knows the deadline too: a worker restarting or loading is waited for
             # within it (models/remote.py) rather than the turn lost at once.
-            async with asyncio.timeout(deadline_s):
-                with answer_within(deadline_s) if deadline_s is not None else contextlib.nullcontext():
+            async with asyncio.timeout(limit_s):
+                with answer_within(limit_s) if limit_s is not None else contextlib.nullcontext():
                     transcript = await self._transcribe(audio)
         except Exception as exc:  # a stuck or failed engine, or a bug: the caller is told, the call goes on
+            lost = lost_transcript(exc, deadline_s=limit_s, part=part)
             self.transcripts_lost += 1
-            self._on_lost(failure_kind(exc))
-            if isinstance(exc, TimeoutError):
-                exc = StalledError(f"no transcript within {deadline_s:.1f} s")
-            if not isinstance(exc, CadenceError):
+            self._events.model_failed("asr", lost.kind)
+            if not lost.known:
                 log.exception("transcription failed")
-            else:  # a known failure (a stall, a worker gone): one line saying which, no traceback
-                heard = "the caller is told at the turn's end if need be" if part else \
-                    "the caller hears an apology"
-                log.warning("transcript lost, %s: %s", heard, exc)
-            yield ErrorFrame(error=f"speech recognition unavailable: {exc}")
-            if not part:  # a long turn's part: the caller is still talking, and is told at its end if need be
-                yield TranscriptLostFrame(error=str(exc))
+            else:  # one line saying which, no traceback
+                log.warning("transcript lost, %s: %s", lost.consequence, lost.error)
+            yield ErrorFrame(error=f"speech recognition unavailable: {lost.error}")
+            if lost.apologise:
+                yield TranscriptLostFrame(error=str(lost.error))
                 yield TTSSpeakFrame(NOT_HEARD_REPLY)
             return
         finally:
@@ -410,8 +352,8 @@ class EngineSTTService(EagerEndOfTurnSTTServiceMixin, SegmentedSTTService):
         reason = rejection(transcript)
         if reason is not None:
             log.debug("dropped implausible transcript (%d chars: %s)", len(transcript.text), reason)
-            if reason != "empty":
-                self._on_rejected(reason)
+            if counted(reason):
+                self._events.asr_rejected(reason)
             return
         kind = TurnPartTranscriptionFrame if part else TranscriptionFrame
         yield kind(transcript.text, self._user_id, time_now_iso8601(), finalized=True)

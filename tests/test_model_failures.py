@@ -37,6 +37,7 @@ from models.stalls import StallLimits, without_stalls
 from pipelines.llm import CUT_SHORT_REPLY, FALLBACK_REPLY, EngineLLMService
 from pipelines.reply import prompt_chars, shaped_reply
 from models.scheduling import ANSWER_DEADLINE
+from pipelines.options import STTOptions, TranscriptDeadline
 from pipelines.stt import NOT_HEARD_REPLY, EngineSTTService
 from pipelines.tts import EngineTTSService
 from pipelines.voice import Engines
@@ -47,6 +48,7 @@ from tests.test_processors import context_with
 from tests.test_streaming_asr import speech_frames
 
 DEADLINE_S = 0.2  # short, so a stall is found in a test's time; the server's are seconds (deadlines.*)
+FIXED_DEADLINE = TranscriptDeadline(seconds=DEADLINE_S, per_audio_second=0.0)  # whatever the turn's length
 
 
 class Stream:
@@ -323,8 +325,8 @@ class FailingASR(ASREngine):
 
 @pytest.mark.parametrize("hang", [False, True], ids=["raises", "hangs"])
 async def test_a_turn_whose_transcript_is_lost_is_answered_by_asking_the_caller_again(hang, caplog):
-    stt = EngineSTTService(FailingASR(hang=hang), max_segment_seconds=30,
-                           transcript_deadline_s=lambda seconds: DEADLINE_S)
+    stt = EngineSTTService(FailingASR(hang=hang),
+                           STTOptions(max_segment_seconds=30, transcript_deadline=FIXED_DEADLINE))
     frames = [VADUserStartedSpeakingFrame(), *speech_frames(1.0), VADUserStoppedSpeakingFrame(stop_secs=0.4)]
     with caplog.at_level(logging.WARNING, logger="pipelines.stt"):
         down, _ = await run_test(stt, frames_to_send=frames)
@@ -352,7 +354,7 @@ class DeadlineRecordingASR(FailingASR):
 
 async def test_the_transcript_request_carries_the_turns_deadline_for_a_worker_to_be_waited_for_within():
     engine = DeadlineRecordingASR()
-    stt = EngineSTTService(engine, max_segment_seconds=30, transcript_deadline_s=lambda seconds: DEADLINE_S)
+    stt = EngineSTTService(engine, STTOptions(max_segment_seconds=30, transcript_deadline=FIXED_DEADLINE))
     frames = [VADUserStartedSpeakingFrame(), *speech_frames(1.0), VADUserStoppedSpeakingFrame(stop_secs=0.4)]
     down, _ = await run_test(stt, frames_to_send=frames)
     assert [f.text for f in down if isinstance(f, TranscriptionFrame)] == ["what time do you open"]

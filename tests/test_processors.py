@@ -30,7 +30,9 @@ from models.errors import CapacityError
 from models.stalls import StallLimits
 from pipelines.llm import CUT_SHORT_REPLY, FALLBACK_REPLY, EngineLLMService, prompt_window
 from pipelines.frames import CallerSpeechEndFrame
-from pipelines.stt import EngineSTTService, compression_ratio, is_plausible
+from pipelines.options import STTOptions
+from pipelines.stt import EngineSTTService
+from pipelines.transcript_check import is_plausible
 from pipelines.tts import EngineTTSService
 from models.base import Transcript
 from tests.fakes import ScriptedASR, ScriptedLLM, ToneTTS
@@ -229,7 +231,7 @@ def test_prompt_window_keeps_the_dialogue_within_its_character_budget():
 
 async def test_stt_service_transcribes_the_vad_segment_once_it_ends():
     engine = ScriptedASR("what is the capital of france")
-    service = EngineSTTService(engine, max_segment_seconds=30, clock=lambda: 1000.0)
+    service = EngineSTTService(engine, STTOptions(max_segment_seconds=30), clock=lambda: 1000.0)
     silence_20ms = bytes(len(SPEECH_20MS))
     frames = [VADUserStartedSpeakingFrame()] + [
         InputAudioRawFrame(audio=SPEECH_20MS, sample_rate=16_000, num_channels=1) for _ in range(25)
@@ -247,7 +249,7 @@ async def test_stt_service_transcribes_the_vad_segment_once_it_ends():
 
 async def test_stt_service_cuts_overlong_turns_into_windows_and_transcribes_them_all():
     engine = ScriptedASR("long story")
-    service = EngineSTTService(engine, max_segment_seconds=0.2)
+    service = EngineSTTService(engine, STTOptions(max_segment_seconds=0.2))
     frames = [VADUserStartedSpeakingFrame()] + [
         InputAudioRawFrame(audio=SPEECH_20MS, sample_rate=16_000, num_channels=1) for _ in range(50)
     ] + [VADUserStoppedSpeakingFrame(stop_secs=0.4)]
@@ -261,7 +263,7 @@ async def test_stt_service_drops_text_hallucinated_from_noise():
     frames = [VADUserStartedSpeakingFrame(),
               InputAudioRawFrame(audio=SPEECH_20MS, sample_rate=16_000, num_channels=1),
               VADUserStoppedSpeakingFrame(stop_secs=0.4)]
-    down, _ = await run_test(EngineSTTService(engine, max_segment_seconds=30), frames_to_send=frames)
+    down, _ = await run_test(EngineSTTService(engine, STTOptions(max_segment_seconds=30)), frames_to_send=frames)
     assert not [f for f in down if isinstance(f, TranscriptionFrame)]
 
 
@@ -269,13 +271,15 @@ def test_plausibility_rules():
     assert is_plausible(Transcript("what time is it", 1.0, 0.1, no_speech_probability=0.1))
     assert not is_plausible(Transcript("  ", 1.0, 0.1))
     loop = "I'm sorry. " * 30
+    from models.hallucination import compression_ratio
+
     assert compression_ratio(loop) > 2.4 and not is_plausible(Transcript(loop, 5.0, 1.0))
     assert is_plausible(Transcript("please book a table for four people", 2.0, 0.1, no_speech_probability=0.8))
 
 
 def test_a_short_loop_too_small_for_gzip_is_caught_as_a_repetition():
     from models.hallucination import compression_ratio
-    from pipelines.stt import rejection
+    from pipelines.transcript_check import rejection
 
     loop = "Hello. Hello. Hello. Hello. Hello. Hello."  # a streaming pass seen in a browser call
     assert compression_ratio(loop) <= 2.4 and rejection(Transcript(loop, 2.0, 0.1)) == "repetition"
@@ -355,7 +359,7 @@ def speech(n: int) -> list[InputAudioRawFrame]:
 
 async def test_a_pause_that_ends_the_turn_reuses_the_speculative_transcript():
     engine = ScriptedASR("book a table")
-    stt = EngineSTTService(engine, max_segment_seconds=30)
+    stt = EngineSTTService(engine, STTOptions(max_segment_seconds=30))
     frames = [VADUserStartedSpeakingFrame(), *speech(20), PauseMarker(), *speech(10),
               VADUserStoppedSpeakingFrame(stop_secs=0.4)]
     down, _ = await run_test(Pipeline([PauseSignals(stt), stt]), frames_to_send=frames)
@@ -366,7 +370,7 @@ async def test_a_pause_that_ends_the_turn_reuses_the_speculative_transcript():
 
 async def test_speech_after_a_pause_drops_the_speculation_and_transcribes_the_whole_turn():
     engine = ScriptedASR("book a table for four")
-    stt = EngineSTTService(engine, max_segment_seconds=30)
+    stt = EngineSTTService(engine, STTOptions(max_segment_seconds=30))
     frames = [VADUserStartedSpeakingFrame(), *speech(20), PauseMarker(), *speech(5), PauseMarker(resumed=True),
               *speech(20), VADUserStoppedSpeakingFrame(stop_secs=0.4)]
     down, _ = await run_test(Pipeline([PauseSignals(stt), stt]), frames_to_send=frames)
@@ -388,7 +392,7 @@ async def test_a_guess_that_failed_leaves_the_turns_end_to_transcribe_afresh():
             return await super().transcribe(pcm16, prompt=prompt)
 
     engine = RefusesFirst("book a table")
-    stt = EngineSTTService(engine, max_segment_seconds=30)
+    stt = EngineSTTService(engine, STTOptions(max_segment_seconds=30))
     frames = [VADUserStartedSpeakingFrame(), *speech(20), PauseMarker(), *speech(10),
               VADUserStoppedSpeakingFrame(stop_secs=0.4)]
     down, _ = await run_test(Pipeline([PauseSignals(stt), stt]), frames_to_send=frames)

@@ -37,3 +37,15 @@ def test_a_long_turn_is_cut_in_the_quiet_between_words_not_through_one():
     # Outside the last `within_s` seconds nothing is considered; a tiny buffer is cut at its end.
     assert quietest_point(speech.tobytes(), rate, within_s=1.0) / 2 / rate >= 4.0
     assert quietest_point(bytes(40), rate, within_s=2.0) == 40
+
+
+def test_the_last_voiced_moment_is_the_newest_audio_less_its_silent_tail():
+    from pipelines.speech_end import last_voiced_at
+
+    voiced = (8000 * np.sin(2 * np.pi * 220 * np.arange(RATE) / RATE)).astype(np.int16)
+    audio = np.concatenate([voiced, np.zeros(int(0.4 * RATE), dtype=np.int16)]).tobytes()
+    at = last_voiced_at(audio, RATE, last_audio_at=100.0, vad_estimate=99.0)
+    assert abs(at - 99.6) <= 0.01
+    silence = np.zeros(RATE, dtype=np.int16).tobytes()
+    assert last_voiced_at(silence, RATE, last_audio_at=100.0, vad_estimate=99.0) == 99.0  # nothing voiced
+    assert last_voiced_at(b"", RATE, last_audio_at=100.0, vad_estimate=99.0) == 99.0  # nothing buffered

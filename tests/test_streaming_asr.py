@@ -17,6 +17,8 @@ from pipecat.tests.utils import run_test
 from latency_bench.quality.wer import word_error_rate
 from models.base import ASREngine, Transcript
 from pipelines.local_agreement import LocalAgreement
+from pipelines.call_events import CallEvents
+from pipelines.options import STTOptions
 from pipelines.stt import EngineSTTService
 
 SENTENCE = "I need to change the delivery address for my order from last week"
@@ -116,7 +118,7 @@ def speech_frames(seconds: float) -> list[InputAudioRawFrame]:
 
 async def test_partials_come_while_the_caller_speaks_and_the_final_keeps_the_settled_words():
     engine = GrowingASR()
-    stt = EngineSTTService(engine, max_segment_seconds=30, partial_every_s=0.4)
+    stt = EngineSTTService(engine, STTOptions(max_segment_seconds=30, partial_every_s=0.4))
     frames = [VADUserStartedSpeakingFrame(), *speech_frames(6.0), VADUserStoppedSpeakingFrame(stop_secs=0.4)]
     down, _ = await run_test(Pipeline([LetPassesFinish(stt), stt]), frames_to_send=frames)
     texts = [(type(f).__name__, f.text) for f in down if isinstance(f, (InterimTranscriptionFrame, TranscriptionFrame))]
@@ -131,7 +133,7 @@ async def test_partials_come_while_the_caller_speaks_and_the_final_keeps_the_set
 
 async def test_without_partials_the_turn_is_transcribed_once():
     engine = GrowingASR()
-    stt = EngineSTTService(engine, max_segment_seconds=30)
+    stt = EngineSTTService(engine, STTOptions(max_segment_seconds=30))
     frames = [VADUserStartedSpeakingFrame(), *speech_frames(3.0), VADUserStoppedSpeakingFrame(stop_secs=0.4)]
     down, _ = await run_test(stt, frames_to_send=frames)
     assert not [f for f in down if isinstance(f, InterimTranscriptionFrame)] and engine.passes == 1
@@ -145,7 +147,7 @@ async def test_the_real_whisper_streams_partials_and_a_final_within_the_wer_boun
     pcm = resample(samples, rate, 16_000).tobytes()
     audio = [InputAudioRawFrame(audio=pcm[i : i + 640], sample_rate=16_000, num_channels=1)
              for i in range(0, len(pcm), 640)]
-    stt = EngineSTTService(embedded_engines.asr, max_segment_seconds=30, partial_every_s=0.5)
+    stt = EngineSTTService(embedded_engines.asr, STTOptions(max_segment_seconds=30, partial_every_s=0.5))
     seen = FinalSeen()
     frames = [VADUserStartedSpeakingFrame(), *audio, VADUserStoppedSpeakingFrame(stop_secs=0.4), AwaitFinal()]
     down, _ = await run_test(Pipeline([HoldUntilFinal(seen), LetPassesFinish(stt), stt, seen]),
@@ -172,7 +174,7 @@ async def test_no_partial_pass_starts_after_the_pause_so_the_final_finds_the_mod
     from tests.test_processors import PauseMarker, PauseSignals
 
     engine = GrowingASR()
-    stt = EngineSTTService(engine, max_segment_seconds=30, partial_every_s=0.4)
+    stt = EngineSTTService(engine, STTOptions(max_segment_seconds=30, partial_every_s=0.4))
     frames = [VADUserStartedSpeakingFrame(), *speech_frames(2.0), PauseMarker(), *speech_frames(1.0),
               VADUserStoppedSpeakingFrame(stop_secs=0.4)]
     await run_test(Pipeline([PauseSignals(stt), LetPassesFinish(stt), stt]), frames_to_send=frames)
@@ -181,13 +183,23 @@ async def test_no_partial_pass_starts_after_the_pause_so_the_final_finds_the_mod
     assert engine.passes == stt.partials_pushed + 1  # the partials, then the speculation, which was the final
 
 
+class PartialsShown(CallEvents):
+    """Notes every partial the STT shows the call's page."""
+
+    def __init__(self, shown: list[str]) -> None:
+        self.shown = shown
+
+    def partial(self, text: str) -> None:
+        self.shown.append(text)
+
+
 async def test_the_guess_at_a_pause_is_shown_as_the_words_so_far_when_no_partial_finished():
     from tests.test_processors import PauseMarker, PauseSignals
 
     for partials_on in (True, False):
         shown: list[str] = []
-        stt = EngineSTTService(GrowingASR(), max_segment_seconds=30, partial_every_s=0.4 if partials_on else 0.0,
-                               on_partial=shown.append)
+        options = STTOptions(max_segment_seconds=30, partial_every_s=0.4 if partials_on else 0.0)
+        stt = EngineSTTService(GrowingASR(), options, events=PartialsShown(shown))
         # 0.3 s of speech: less than one partial's worth, so only the pause's guess is made
         frames = [VADUserStartedSpeakingFrame(), *speech_frames(0.3), PauseMarker(),
                   VADUserStoppedSpeakingFrame(stop_secs=0.4)]
@@ -221,7 +233,7 @@ def speech_with_gaps(seconds: float) -> list[InputAudioRawFrame]:
 
 async def test_a_turn_longer_than_the_window_is_cut_at_a_quiet_moment_and_every_part_transcribed():
     engine = RecordingASR()
-    stt = EngineSTTService(engine, max_segment_seconds=10)
+    stt = EngineSTTService(engine, STTOptions(max_segment_seconds=10))
     frames = [VADUserStartedSpeakingFrame(), *speech_with_gaps(35.0), VADUserStoppedSpeakingFrame(stop_secs=0.4)]
     down, _ = await run_test(Pipeline([stt, FinalSeen()]), frames_to_send=[*frames, AwaitFinal()])
     finals = [f.text for f in down if isinstance(f, TranscriptionFrame)]

@@ -19,6 +19,7 @@ from pipecat.tests.utils import run_test
 
 from models.base import TurnEndEngine
 from pipelines.pause_judge import PauseJudge
+from pipelines.options import STTOptions
 from pipelines.stt import EngineSTTService
 from pipelines.turn_end import PauseVerdict, TurnEndOptions, judge_pause, words_state
 from tests.fakes import ScriptedASR, ScriptedLLM
@@ -136,7 +137,7 @@ def judged_stt(text: str, probability: float, *, eager: bool = False):
     voice = ScriptedVoice(probability)
     judge = PauseJudge(options=OPTIONS, default_pause_s=0.4, allowance=allowed, engine=voice,
                        on_verdict=verdicts.append)
-    stt = EngineSTTService(ScriptedASR(text), max_segment_seconds=30, pause_judge=judge, eager_reply=eager)
+    stt = EngineSTTService(ScriptedASR(text), STTOptions(max_segment_seconds=30, eager_reply=eager), pause_judge=judge)
     return stt, voice, allowed, verdicts
 
 
@@ -167,7 +168,7 @@ async def test_a_verdict_for_a_pause_the_caller_ended_by_speaking_is_not_applied
 
     allowed = Allowed()
     judge = PauseJudge(options=OPTIONS, default_pause_s=0.4, allowance=allowed, engine=ScriptedVoice(0.9))
-    stt = EngineSTTService(SlowASR("Where is my package?"), max_segment_seconds=30, pause_judge=judge)
+    stt = EngineSTTService(SlowASR("Where is my package?"), STTOptions(max_segment_seconds=30), pause_judge=judge)
     frames = [VADUserStartedSpeakingFrame(), *speech(30), PauseMarker(), PauseMarker(resumed=True), *speech(5)]
     await run_test(Pipeline([PauseSignals(stt), stt]), frames_to_send=frames)
     engine_gate.set()

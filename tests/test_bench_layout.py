@@ -1,13 +1,13 @@
-"""The bench's shape, read from its source with `ast` (nothing is imported): no import circles
-inside latency_bench, one way in (`python -m latency_bench SUBCOMMAND`), one `Verdict`, and
-a product that imports nothing of the bench."""
+"""The bench's shape, read from its source with `ast` (nothing is imported): one way in
+(`python -m latency_bench SUBCOMMAND`) and one `Verdict`. That it has no import circles and
+that the product imports nothing of it are tests/test_layering.py's checks, with every
+package's."""
 
 import ast
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parent.parent
 BENCH = ROOT / "latency_bench"
-PRODUCT = ("agent", "pipelines", "models", "knowledge", "workers", "transcription")
 
 
 def _module_name(path: Path) -> str:
@@ -17,72 +17,6 @@ def _module_name(path: Path) -> str:
 
 def _sources(package: str) -> dict[str, ast.Module]:
     return {_module_name(p): ast.parse(p.read_text(), str(p)) for p in sorted((ROOT / package).rglob("*.py"))}
-
-
-def _imported(tree: ast.Module, known: set[str]) -> set[str]:
-    """The modules of `known` that `tree` imports anywhere (at the top or inside a function).
-    `from a import b` counts as importing a.b where a.b is a module, and a otherwise."""
-    found = set()
-    for node in ast.walk(tree):
-        if isinstance(node, ast.Import):
-            found |= {alias.name for alias in node.names}
-        elif isinstance(node, ast.ImportFrom) and node.module and not node.level:
-            for alias in node.names:
-                sub = f"{node.module}.{alias.name}"
-                found.add(sub if sub in known else node.module)
-    return found & known
-
-
-def import_graph(package: str = "latency_bench") -> dict[str, set[str]]:
-    trees = _sources(package)
-    known = set(trees)
-    return {name: _imported(tree, known) - {name} for name, tree in trees.items()}
-
-
-def strongly_connected(graph: dict[str, set[str]]) -> list[set[str]]:
-    """Tarjan's components of `graph`, each a set of nodes that reach one another."""
-    index: dict[str, int] = {}
-    low: dict[str, int] = {}
-    stack: list[str] = []
-    on_stack: set[str] = set()
-    components: list[set[str]] = []
-
-    def visit(node: str) -> None:
-        index[node] = low[node] = len(index)
-        stack.append(node)
-        on_stack.add(node)
-        for nxt in sorted(graph[node]):
-            if nxt not in index:
-                visit(nxt)
-                low[node] = min(low[node], low[nxt])
-            elif nxt in on_stack:
-                low[node] = min(low[node], index[nxt])
-        if low[node] == index[node]:
-            component = set()
-            while True:
-                member = stack.pop()
-                on_stack.discard(member)
-                component.add(member)
-                if member == node:
-                    break
-            components.append(component)
-
-    for node in sorted(graph):
-        if node not in index:
-            visit(node)
-    return components
-
-
-def test_the_circle_finder_finds_a_circle():
-    graph = {"a": {"b"}, "b": {"c"}, "c": {"a"}, "d": {"a"}}
-    assert sorted(map(sorted, strongly_connected(graph))) == [["a", "b", "c"], ["d"]]
-
-
-def test_no_import_circles_inside_the_bench():
-    graph = import_graph()
-    assert len(graph) > 50
-    circles = [sorted(c) for c in strongly_connected(graph) if len(c) > 1]
-    assert circles == []
 
 
 def _own_flags() -> dict[str, tuple[str, str]]:
@@ -112,16 +46,6 @@ def test_one_way_in():
     # Every bench module with a main() of its own is a subcommand, none a way in apart.
     with_main = {name for name, tree in trees.items() if _defines_main(tree)} - {"latency_bench.cli"}
     assert with_main == own_flags
-
-
-def test_the_product_imports_nothing_of_the_bench():
-    for package in PRODUCT:
-        trees = _sources(package)
-        for name, tree in trees.items():
-            imported = {alias.name for node in ast.walk(tree) if isinstance(node, ast.Import) for alias in node.names}
-            imported |= {node.module for node in ast.walk(tree)
-                         if isinstance(node, ast.ImportFrom) and node.module and not node.level}
-            assert not {m for m in imported if m.split(".")[0] == "latency_bench"}, name
 
 
 def test_one_verdict_for_every_chaos_scenario():

@@ -17,7 +17,6 @@ from __future__ import annotations
 import asyncio
 import logging
 import shutil
-import socket
 import subprocess
 import tempfile
 import time
@@ -34,6 +33,7 @@ from models.openai_chat import OpenAIChatLLMEngine, OpenAIChatOptions
 from workers.binaries import find_binary
 from workers.deployment import Precision, WorkerSpec
 from workers.launch import LaunchSite, build_launch
+from workers.ports import free_port
 from workers.supervisor import die_with_parent
 
 log = logging.getLogger(__name__)
@@ -87,12 +87,6 @@ def resolve_gguf(reference: str) -> Path:
     return path
 
 
-def free_loopback_port() -> int:
-    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as sock:
-        sock.bind((LOOPBACK, 0))
-        return sock.getsockname()[1]
-
-
 def server_argv(options: LlamaServerOptions, gguf: Path, port: int) -> tuple[str, ...]:
     """The same command line a deployment's llama-server worker gets (workers/launch.py)."""
     spec = WorkerSpec(name="llm", role="llm", engine="llama-server", model=str(gguf), threads=options.threads,
@@ -135,7 +129,7 @@ class OwnLlamaServerLLMEngine(LLMEngine):
         """Starts the server and returns once it answers /health (blocking)."""
         if self._client is not None:
             return
-        port = free_loopback_port()
+        port = free_port(LOOPBACK)
         argv = server_argv(self.options, resolve_gguf(self.options.model), port)
         self._log_dir = Path(tempfile.mkdtemp(prefix="cadence-llama-server-"))
         with open(self._log_dir / "llama-server.log", "wb") as output:
